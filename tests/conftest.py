@@ -1,0 +1,45 @@
+"""Shared test setup: one thread, a private HOME/PREFECT_HOME, no analytics, no cloud metadata."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_SESSION_HOME = Path(tempfile.mkdtemp(prefix="thrifty-test-home-"))
+os.environ.update(
+    {
+        "HOME": str(_SESSION_HOME),  # `import sky` writes ~/.sky; nothing may touch the real home
+        "PREFECT_HOME": str(_SESSION_HOME / "prefect"),
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "OMP_NUM_THREADS": "1",
+        "THRIFTY_LOCAL_CACHE": str(_SESSION_HOME / "shard-cache"),
+    }
+)
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+def python_env() -> dict[str, str]:
+    """Environment for a child training process: the repo importable, one thread."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+PYTHON = sys.executable

@@ -1,0 +1,259 @@
+"""RunConfig: the one contract between the CLI, the flow parameter, a cloud node and every checkpoint.
+
+Frozen, ``extra="forbid"``, every field documented with its unit. Load it with
+:func:`load_config` (YAML or JSON plus ``section.key=value`` overrides); bad input raises
+:class:`ConfigError` whose message names the field and says what to change.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_VAR = "THRIFTY_RUN_CONFIG"  # the RunConfig as JSON, in the environment of a training node
+
+
+class ConfigError(ValueError):
+    """A user-fixable problem with the run's configuration (CLI exit code 2)."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class EarlyStoppingConfig(_Frozen):
+    enabled: bool = Field(True, description="Stop when the validation metric stops improving.")
+    metric: str = Field("val_loss", description="Validation metric watched, e.g. val_loss or val_accuracy.")
+    mode: Literal["min", "max"] = Field("min", description="min: lower is better; max: higher is better.")
+    patience: int = Field(3, ge=0, description="Evaluations without improvement before stopping (count).")
+    min_delta: float = Field(0.0, ge=0.0, description="Smallest change that counts as an improvement (metric units).")
+
+    @model_validator(mode="after")
+    def _patience_when_enabled(self) -> "EarlyStoppingConfig":
+        if self.enabled and self.patience < 1:
+            raise ValueError(
+                "patience must be >= 1 when early stopping is enabled "
+                "(set train.early_stopping.patience to 1 or more, or train.early_stopping.enabled=false)"
+            )
+        return self
+
+
+class TrainConfig(_Frozen):
+    max_epochs: int = Field(20, ge=1, description="Upper bound on passes over the training set (epochs).")
+    max_steps: int | None = Field(None, ge=1, description="Optional cap on optimizer steps; null = max_epochs decides.")
+    micro_batch: int = Field(64, ge=1, description="Examples per forward/backward pass, per process (examples).")
+    grad_accum_steps: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step (count).")
+    lr: float = Field(1e-3, gt=0.0, description="Peak learning rate of AdamW (per step).")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay (fraction per step).")
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up length (optimizer steps); cosine decay after.")
+    grad_clip: float | None = Field(1.0, gt=0.0, description="Clip the global gradient norm to this (L2 norm); null = off.")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="Autocast dtype. auto = bf16 on GPUs that have it, fp16 + GradScaler on older GPUs, fp32 on CPU."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
+    checkpoint_every: Union[int, Literal["auto"]] = Field(
+        "auto",
+        description="Optimizer steps between checkpoints, or auto = Young/Daly optimum from the measured save "
+        "time and mean_time_between_preemptions_s.",
+    )
+    mean_time_between_preemptions_s: float = Field(
+        7200.0, gt=0.0, description="Expected seconds between spot preemptions, for the auto checkpoint interval (s)."
+    )
+    keep_last: int = Field(3, ge=1, description="Complete checkpoints kept besides the best one (count).")
+    eval_every: int | None = Field(
+        None, ge=1, description="Optimizer steps between validations; null = once per epoch."
+    )
+    log_every: int = Field(10, ge=1, description="Optimizer steps between metric lines (steps).")
+    early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
+    seed: int = Field(0, ge=0, description="Seed for weights, data order and dropout (integer).")
+
+    @field_validator("checkpoint_every")
+    @classmethod
+    def _positive_interval(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("checkpoint_every must be a positive number of steps or 'auto'")
+        return v
+
+
+class ComputeConfig(_Frozen):
+    launcher: Literal["local", "skypilot"] = Field("local", description="local = emulated spot on this machine.")
+    clouds: list[Literal["aws", "gcp", "azure"]] = Field(
+        default_factory=lambda: ["aws", "gcp", "azure"], min_length=1, description="Clouds SkyPilot may choose from."
+    )
+    accelerators: list[str] = Field(
+        default_factory=lambda: ["A10G:1", "L4:1"], min_length=1, description="Candidate accelerators, NAME:COUNT."
+    )
+    use_spot: bool = Field(True, description="Rent spot (preemptible) instances.")
+    on_demand_fallback: bool = Field(True, description="Fall back to on-demand when no spot capacity is found.")
+    num_nodes: int = Field(1, ge=1, description="Nodes in the job (count).")
+    max_restarts: int = Field(3, ge=0, description="Recoveries after failures (not preemptions) before giving up (count).")
+    emulate: str = Field("aws:g5.xlarge", description="Local launcher: CLOUD:INSTANCE whose spot price is metered.")
+    preempt_after_s: float | None = Field(None, gt=0.0, description="Local launcher: inject a preemption after this many seconds (s).")
+    preempt_after_steps: int | None = Field(None, ge=1, description="Local launcher: inject a preemption after this step (steps).")
+    preempt_mode: Literal["sigterm", "kill"] = Field("sigterm", description="Local launcher: notice+grace (sigterm) or hard kill.")
+    preempt_grace_s: float = Field(30.0, gt=0.0, description="Local launcher: seconds between SIGTERM and SIGKILL (s).")
+
+    @field_validator("accelerators")
+    @classmethod
+    def _accelerator_form(cls, v: list[str]) -> list[str]:
+        for acc in v:
+            if not re.fullmatch(r"[A-Za-z0-9\-]+(:[1-9][0-9]*)?", acc):
+                raise ValueError(f"accelerator {acc!r} must look like NAME or NAME:COUNT, e.g. 'A10G:1'")
+        return v
+
+    @field_validator("emulate")
+    @classmethod
+    def _emulate_form(cls, v: str) -> str:
+        if not re.fullmatch(r"(aws|gcp|azure):[A-Za-z0-9_.\-]+", v):
+            raise ValueError(f"emulate {v!r} must look like CLOUD:INSTANCE, e.g. 'aws:g5.xlarge'")
+        return v
+
+
+class BudgetConfig(_Frozen):
+    max_usd: float = Field(10.0, gt=0.0, description="Hard cap on the run's spend (USD).")
+    max_gpu_hours: float | None = Field(None, gt=0.0, description="Optional cap on GPU time (GPU-hours).")
+    burn_rate_alert_usd_per_hour: float | None = Field(5.0, gt=0.0, description="Alert above this burn rate (USD/hour).")
+    thresholds: list[float] = Field(
+        default_factory=lambda: [0.5, 0.8, 1.0], min_length=1, description="Alert at these fractions of max_usd."
+    )
+    notify: list[str] = Field(default_factory=list, description="Prefect notification block names to alert.")
+
+    @field_validator("thresholds")
+    @classmethod
+    def _ordered(cls, v: list[float]) -> list[float]:
+        if any(t <= 0 or t > 1 for t in v) or v != sorted(set(v)):
+            raise ValueError("thresholds must be strictly increasing fractions in (0, 1], e.g. [0.5, 0.8, 1.0]")
+        return v
+
+
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}"
+_RECIPE = r"[A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*"
+
+
+class RunConfig(_Frozen):
+    """One training run: what to train, where to keep it, what to rent, and what it may cost."""
+
+    run_name: str = Field("digits-demo", description="The run id: checkpoints live under <store>/runs/<run_name>/.")
+    recipe: str = Field("digits", description="digits | codelm | 'package.module:function' returning a Recipe.")
+    recipe_params: dict[str, Any] = Field(default_factory=dict, description="Recipe options (validated by the recipe).")
+    store: str = Field(".thrifty/store", description="Where shards, checkpoints and ledgers go: a path, file://, s3://, gs://, az://.")
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, v: str) -> str:
+        if not re.fullmatch(_NAME, v):
+            raise ValueError("run_name must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return v
+
+    @field_validator("recipe")
+    @classmethod
+    def _recipe(cls, v: str) -> str:
+        if not re.fullmatch(_RECIPE, v):
+            raise ValueError("recipe must be a built-in name (digits, codelm) or 'package.module:function'")
+        return v
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, v: str) -> str:
+        scheme = v.split("://", 1)[0] if "://" in v else "file"
+        if scheme not in ("file", "s3", "gs", "az"):
+            raise ValueError(f"store scheme {scheme!r} is not supported; use a path, file://, s3://, gs:// or az://")
+        return v
+
+    def to_env_json(self) -> str:
+        """The config as compact JSON, for the environment of a training node."""
+        return self.model_dump_json()
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            parts.append(f"'{loc}' is not a known setting (remove it or check its spelling)")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            given = e.get("input")
+            shown = "" if isinstance(given, (dict, list)) or given is None else f" (got {given!r})"
+            parts.append(f"'{loc}': {msg}{shown}")
+    return f"Invalid run config from {source}: " + "; ".join(parts) + ". Fix these settings and run again."
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``train.lr=3e-4`` -> (['train', 'lr'], 0.0003); the value is read as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value, e.g. train.lr=0.0003")
+    key, raw = item.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ConfigError(f"override {item!r} has no key before '='")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from exc
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    out = json.loads(json.dumps(data))  # deep copy of plain data
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for p in path[:-1]:
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: '{p}' is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; pass --config with a YAML or JSON RunConfig")
+    try:
+        data = yaml.safe_load(p.read_text()) if p.suffix in (".yaml", ".yml") else json.loads(p.read_text())
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid {'YAML' if p.suffix != '.json' else 'JSON'}: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of settings at the top level")
+    return data
+
+
+def build_config(data: dict[str, Any], source: str = "input") -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a RunConfig from a YAML/JSON file (or defaults) and apply ``section.key=value`` overrides."""
+    data = read_config_file(path) if path else {}
+    data = apply_overrides(data, overrides or [])
+    return build_config(data, source=str(path) if path else "defaults")
+
+
+def config_from_env(environ: dict[str, str]) -> RunConfig | None:
+    raw = environ.get(ENV_VAR)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"${ENV_VAR} is not valid JSON: {exc}") from exc
+    return build_config(data, source=f"${ENV_VAR}")

@@ -1,0 +1,193 @@
+"""Preprocessing cache and the loader over its binary shards.
+
+``<store>/cache/<key>/`` holds ``.npy`` shards and, written last, ``manifest.json``; the key
+hashes the raw data's content fingerprint, the recipe's preprocessing source and its params.
+A directory without a manifest is an unfinished write and is never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from thrifty.storage import NotFound, Store, atomic_write_bytes, join_key
+from training.recipes.base import Dataset, EmptyDataError, Recipe, RecipeParams
+
+log = logging.getLogger("thrifty.data")
+
+FORMAT_VERSION = 1
+SHARD_BYTES = 64 * 2**20  # rows per shard are chosen to keep each file near this size
+
+
+def cache_key(recipe: Recipe, params: RecipeParams) -> str:
+    """Hash of raw-data fingerprint + preprocessing source + params: equal keys mean equal shards."""
+    parts = {
+        "format": FORMAT_VERSION,
+        "recipe": recipe.name,
+        "raw": recipe.fingerprint_raw(params),
+        "code": hashlib.sha256(recipe.preprocessing_source().encode()).hexdigest(),
+        "params": params.model_dump(mode="json"),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+@dataclass
+class CacheResult:
+    key: str
+    hit: bool
+    manifest: dict[str, Any]
+    seconds: float
+
+
+class ShardedArray:
+    """Rows of one array spread over shards, read by global row index without concatenating."""
+
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts = parts
+        self.offsets = np.cumsum([0] + [len(p) for p in parts])
+        self.shape = (int(self.offsets[-1]),) + tuple(parts[0].shape[1:])
+        self.dtype = parts[0].dtype
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        if len(self.parts) == 1:
+            return np.asarray(self.parts[0][idx])
+        which = np.searchsorted(self.offsets, idx, side="right") - 1
+        out = np.empty((len(idx),) + self.shape[1:], dtype=self.dtype)
+        for s in np.unique(which):
+            sel = which == s
+            out[sel] = self.parts[s][idx[sel] - self.offsets[s]]
+        return out
+
+
+class Split:
+    """One split (train/val) of a cached dataset: named ShardedArrays of equal length."""
+
+    def __init__(self, arrays: dict[str, ShardedArray]):
+        self.arrays = arrays
+        self.n = len(next(iter(arrays.values())))
+
+    def batch(self, idx: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, arr in self.arrays.items():
+            t = torch.from_numpy(arr.take(idx))
+            if t.dtype == torch.uint16:
+                t = t.to(torch.int64)
+            out[name] = t.to(device, non_blocking=device.type == "cuda")
+        return out
+
+
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+    return buf.getvalue()
+
+
+def write_shards(store: Store, key: str, dataset: Dataset, recipe: Recipe, params: RecipeParams) -> dict[str, Any]:
+    """Write every array as shards, then the manifest (the commit). Returns the manifest."""
+    for split in ("train", "val"):
+        if dataset.num_examples(split) == 0:
+            raise EmptyDataError(
+                f"recipe {recipe.name!r} produced no {split} examples with recipe_params "
+                f"{params.model_dump(mode='json')}; check the raw data and options (e.g. a 'limit' of 0 or a "
+                "validation fraction too small)."
+            )
+    prefix = join_key("cache", key)
+    splits: dict[str, Any] = {}
+    for split, arrays in dataset.splits.items():
+        lengths = {len(a) for a in arrays.values()}
+        if len(lengths) != 1:
+            raise ValueError(f"recipe {recipe.name!r}: arrays of split {split!r} differ in length: {lengths}")
+        splits[split] = {}
+        for name, arr in arrays.items():
+            row_bytes = max(1, arr[:1].nbytes)
+            rows_per_shard = max(1, SHARD_BYTES // row_bytes)
+            shards = []
+            for i, start in enumerate(range(0, len(arr), rows_per_shard)):
+                data = _npy_bytes(arr[start : start + rows_per_shard])
+                file = f"{split}.{name}.{i:05d}.npy"
+                store.put_bytes(join_key(prefix, file), data)
+                shards.append({"file": file, "rows": int(min(rows_per_shard, len(arr) - start)),
+                               "bytes": len(data), "sha256": _sha256_bytes(data)})
+            splits[split][name] = {"dtype": str(arr.dtype), "shape": list(arr.shape), "shards": shards}
+    manifest = {
+        "format": FORMAT_VERSION,
+        "key": key,
+        "recipe": recipe.name,
+        "params": params.model_dump(mode="json"),
+        "created_unix": time.time(),
+        "splits": splits,
+        "meta": dataset.meta,
+    }
+    store.put_bytes(join_key(prefix, "manifest.json"), json.dumps(manifest, indent=1).encode())
+    return manifest
+
+
+def read_manifest(store: Store, key: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(store.get_bytes(join_key("cache", key, "manifest.json")))
+    except NotFound:
+        return None
+
+
+def ensure_shards(store: Store, recipe: Recipe, params: RecipeParams) -> CacheResult:
+    """Return the cached shards for (data, code, params), preprocessing only on a miss."""
+    t0 = time.perf_counter()
+    key = cache_key(recipe, params)
+    manifest = read_manifest(store, key)
+    if manifest is not None:
+        log.info("preprocess cache hit: %s", key)
+        return CacheResult(key, True, manifest, time.perf_counter() - t0)
+    log.info("preprocess cache miss: %s; preprocessing %s", key, recipe.name)
+    dataset = recipe.preprocess(params)
+    manifest = write_shards(store, key, dataset, recipe, params)
+    return CacheResult(key, False, manifest, time.perf_counter() - t0)
+
+
+def _local_cache_dir() -> Path:
+    return Path(os.environ.get("THRIFTY_LOCAL_CACHE", Path(tempfile.gettempdir()) / "thrifty-shards"))
+
+
+def _open_shard(store: Store, key: str, shard: dict[str, Any]) -> np.ndarray:
+    obj = join_key("cache", key, shard["file"])
+    path = store.local_path(obj)
+    if path is None:  # object store: fetch once into a local cache, verified by hash
+        path = _local_cache_dir() / key / shard["file"]
+        if not (path.is_file() and path.stat().st_size == shard["bytes"]):
+            data = store.get_bytes(obj)
+            if _sha256_bytes(data) != shard["sha256"]:
+                raise RuntimeError(f"shard {obj} in {store.uri} does not match its manifest hash")
+            atomic_write_bytes(path, data)
+    if path.stat().st_size != shard["bytes"]:
+        raise RuntimeError(f"shard {obj} has {path.stat().st_size} bytes, manifest says {shard['bytes']}")
+    return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def load_split(store: Store, manifest: dict[str, Any], split: str) -> Split:
+    arrays = {
+        name: ShardedArray([_open_shard(store, manifest["key"], s) for s in spec["shards"]])
+        for name, spec in manifest["splits"][split].items()
+    }
+    return Split(arrays)
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of training examples in ``epoch``: a pure function of (seed, epoch)."""
+    return np.random.default_rng([seed, epoch]).permutation(n)

@@ -1,0 +1,394 @@
+"""The training loop, readable top to bottom: data, model, resume, steps, eval, checkpoints, summary.
+
+Imports no Prefect: this is what a GPU node runs. Resume is automatic (latest complete
+checkpoint of the run) and bit-exact on CPU: data order is a pure function of (seed, epoch)
+and everything else that moves lives in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from thrifty.config import ConfigError, RunConfig
+from thrifty.storage import Store, join_key, open_store
+from training.checkpoint import CheckpointManager, daly_interval_s
+from training.data import Split, ensure_shards, epoch_permutation, load_split
+from training.early_stopping import EarlyStopping
+from training.recipes.base import Recipe, resolve_recipe
+from training.runtime import (
+    Dist,
+    StopSignal,
+    autocast,
+    fault_point,
+    pick_device,
+    pick_precision,
+    precision_name,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+    weights_sha256,
+)
+
+log = logging.getLogger("thrifty.train")
+
+
+class IncompatibleCheckpoint(ConfigError):
+    """The run's checkpoint was written by a config whose model cannot load here."""
+
+
+@dataclass
+class LoopState:
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0
+    batch_in_epoch: int = 0  # optimizer steps taken inside ``epoch``: the position to resume from
+    resumes: int = 0
+    checkpoints_written: int = 0
+    train_time_s: float = 0.0  # wall time covered by the last checkpoint (work lost to a kill is not counted)
+    data_wait_s: float = 0.0
+    checkpoint_time_s: float = 0.0
+    last_eval: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TrainResult:
+    status: str  # completed | stopped_early | interrupted
+    summary: dict[str, Any] | None
+    step: int
+
+
+class MetricsWriter:
+    """JSON lines for this process's attempt under ``runs/<id>/metrics/``; one file per attempt, no appends to objects."""
+
+    def __init__(self, store: Store, run_id: str):
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        self.store = store
+        self.key = join_key("runs", run_id, "metrics", f"{stamp}-{os.getpid()}.jsonl")
+        direct = store.local_path(self.key)
+        self.upload = direct is None
+        if direct is None:  # object store: write locally, upload at each checkpoint and at the end
+            direct = Path(tempfile.mkdtemp(prefix="thrifty-metrics-")) / "metrics.jsonl"
+        direct.parent.mkdir(parents=True, exist_ok=True)
+        self.path = direct
+        self._f = open(direct, "a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps({"time_unix": round(time.time(), 3), **record}) + "\n")
+
+    def sync(self) -> None:
+        if self.upload:
+            self._f.flush()
+            self.store.put_file(self.key, self.path)
+
+    def close(self) -> None:
+        self.sync()
+        self._f.close()
+
+
+class CheckpointSchedule:
+    """Fixed every N steps, or Young/Daly from the measured save time and the mean time between preemptions."""
+
+    PROBE_STEPS = 10  # auto: first save after this many steps, to measure the save cost
+
+    def __init__(self, every: int | str, mtbp_s: float, start_step: int):
+        self.auto = every == "auto"
+        self.mtbp_s = mtbp_s
+        self.interval = self.PROBE_STEPS if self.auto else int(every)
+        self.last_saved = start_step
+        self.save_s: float | None = None
+
+    def due(self, step: int) -> bool:
+        return step - self.last_saved >= self.interval
+
+    def follow(self, step: int, interval: int) -> None:
+        self.last_saved, self.interval = step, interval
+
+    def saved(self, step: int, save_s: float, step_time_s: float) -> dict[str, Any] | None:
+        """Record a save; for auto, re-plan and return the new plan when it changed by > 20%."""
+        self.last_saved = step
+        if not self.auto:
+            return None
+        self.save_s = save_s if self.save_s is None else 0.7 * self.save_s + 0.3 * save_s
+        tau_s = daly_interval_s(self.save_s, self.mtbp_s)
+        steps = max(1, round(tau_s / max(step_time_s, 1e-9)))
+        if abs(steps - self.interval) <= 0.2 * self.interval:
+            return None
+        self.interval = steps
+        return {"event": "checkpoint_interval", "steps": steps, "seconds": round(tau_s, 2),
+                "save_s": round(self.save_s, 4), "mtbp_s": self.mtbp_s, "step_time_s": round(step_time_s, 5)}
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, recipe: Recipe, split: Split, device: torch.device,
+             amp: torch.dtype | None, batch_size: int) -> dict[str, float]:
+    model.eval()
+    total, loss_sum, sums = 0, 0.0, {}
+    for start in range(0, split.n, batch_size):
+        batch = split.batch(np.arange(start, min(start + batch_size, split.n)), device)
+        with autocast(device, amp):
+            out = recipe.step(model, batch)
+        loss_sum += float(out.loss.float()) * out.count
+        total += out.count
+        for k, v in out.sums.items():
+            sums[k] = sums.get(k, 0.0) + v
+    model.train()
+    result = {"val_loss": loss_sum / total}
+    for metric, numerator in recipe.metrics.items():
+        result[metric] = sums.get(numerator, 0.0) / total
+    return result
+
+
+def _check_compatible(cfg: RunConfig, saved_cfg: dict[str, Any], run_id: str) -> None:
+    if saved_cfg.get("recipe") != cfg.recipe:
+        raise IncompatibleCheckpoint(
+            f"run {run_id!r} has checkpoints from recipe {saved_cfg.get('recipe')!r}, but this config uses "
+            f"recipe {cfg.recipe!r}. Use a new run_name for a new experiment, or set recipe back."
+        )
+    changed = sorted(k for k in ("recipe_params", "train") if saved_cfg.get(k) != cfg.model_dump(mode="json")[k])
+    if changed:
+        log.warning("resuming run %r with changed settings in %s (allowed: the model still loads)", run_id, ", ".join(changed))
+
+
+def train(cfg: RunConfig, run_id: str | None = None) -> TrainResult:
+    """Run (or resume) training for ``cfg`` until it completes, stops early, or is told to stop."""
+    run_id = run_id or os.environ.get("THRIFTY_RUN_ID") or cfg.run_name
+    dist = Dist.from_env()
+    tc = cfg.train
+    recipe = resolve_recipe(cfg.recipe)
+    params = recipe.parse_params(cfg.recipe_params)
+    valid_metrics = ["val_loss", *recipe.metrics]
+    if tc.early_stopping.metric not in valid_metrics:
+        raise ConfigError(
+            f"'train.early_stopping.metric': recipe {recipe.name!r} reports {', '.join(valid_metrics)}, "
+            f"not {tc.early_stopping.metric!r}. Pick one of those."
+        )
+    device = pick_device(tc.device, dist)
+    amp = pick_precision(tc.precision, device)
+    dist.init(device)
+    store = open_store(cfg.store)
+
+    # ---- data: the preprocessing cache (rank 0 fills it, the others read it)
+    if dist.is_main:
+        cache = ensure_shards(store, recipe, params)
+    dist.barrier()
+    if not dist.is_main:
+        cache = ensure_shards(store, recipe, params)
+    train_split = load_split(store, cache.manifest, "train")
+    val_split = load_split(store, cache.manifest, "val")
+    global_batch = tc.micro_batch * tc.grad_accum_steps * dist.world
+    steps_per_epoch = train_split.n // global_batch
+    if steps_per_epoch == 0:
+        raise ConfigError(
+            f"'train.micro_batch': one optimizer step needs {global_batch} examples (micro_batch x grad_accum_steps "
+            f"x processes) but the training split has {train_split.n}. Lower train.micro_batch or grad_accum_steps."
+        )
+    total_steps = tc.max_epochs * steps_per_epoch
+    if tc.max_steps is not None:
+        total_steps = min(total_steps, tc.max_steps)
+
+    # ---- model, optimizer, schedule, scaler, early stopping
+    seed_everything(tc.seed)
+    model = recipe.build_model(params, cache.manifest["meta"]).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, tc.warmup_steps, total_steps))
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+    es_cfg = tc.early_stopping
+    stopper = EarlyStopping(es_cfg.mode, es_cfg.patience, es_cfg.min_delta, es_cfg.enabled)
+    state = LoopState()
+    ckpts = CheckpointManager(store, run_id, tc.keep_last, es_cfg.mode)
+
+    # ---- autoresume: the newest complete checkpoint, no flag
+    seed_everything(tc.seed + 1 + dist.rank)  # per-rank dropout streams, independent of model init
+    loaded = ckpts.load_latest()
+    if loaded is not None:
+        info, saved = loaded
+        _check_compatible(cfg, json.loads(saved["config"]), run_id)
+        try:
+            model.load_state_dict(saved["model"])
+        except RuntimeError as exc:
+            raise IncompatibleCheckpoint(
+                f"run {run_id!r} has a checkpoint (step {info.step}) whose model does not fit this config's model: "
+                f"{str(exc).splitlines()[0]} ... Its recipe_params were {json.loads(saved['config'])['recipe_params']}, "
+                f"this config has {cfg.recipe_params}. Use a new run_name, or restore the old recipe_params."
+            ) from None
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        scaler.load_state_dict(saved["scaler"])
+        stopper.load_state_dict(saved["early_stopping"])
+        state = LoopState(**saved["loop"])
+        state.resumes += 1
+        rngs = saved["rng"]
+        set_rng_state(rngs[dist.rank] if dist.rank < len(rngs) else rngs[0])
+        log.info("resumed run %r from step %d (epoch %d, batch %d of %d)", run_id, state.step, state.epoch,
+                 state.batch_in_epoch, steps_per_epoch)
+    ddp_model = model
+    if dist.enabled:
+        ddp_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    metrics = MetricsWriter(store, run_id) if dist.is_main else None
+    emit = metrics.write if metrics else (lambda record: None)
+    schedule = CheckpointSchedule(tc.checkpoint_every, tc.mean_time_between_preemptions_s, state.step)
+    stop = StopSignal().install()
+    emit({"event": "start", "step": state.step, "total_steps": total_steps, "resumes": state.resumes,
+          "precision": precision_name(amp), "device": str(device), "world_size": dist.world,
+          "cache_key": cache.key, "cache_hit": cache.hit})
+    log.info("training %s: %d steps (%d per epoch), %s on %s, cache %s", recipe.name, total_steps, steps_per_epoch,
+             precision_name(amp), device, "hit" if cache.hit else "miss")
+
+    def save() -> None:
+        rngs = dist.gather(rng_state())  # every rank's RNG streams, so each resumes its own
+        if dist.is_main:
+            checkpoint = {
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict(), "early_stopping": stopper.state_dict(), "rng": rngs,
+                "loop": asdict(LoopState(**{**asdict(state), "checkpoints_written": state.checkpoints_written + 1,
+                                            "train_time_s": base_train_time + (time.perf_counter() - attempt_t0)})),
+                "config": cfg.model_dump_json(), "data_key": cache.key, "world_size": dist.world,
+            }
+            save_s = ckpts.save(checkpoint, state.step, state.last_eval.get(es_cfg.metric))
+            state.checkpoints_written += 1
+            state.checkpoint_time_s += save_s
+            emit({"event": "checkpoint", "step": state.step, "save_s": round(save_s, 4)})
+            plan = schedule.saved(state.step, save_s, statistics.median(recent_step_s) if recent_step_s else 0.0)
+            if plan:
+                emit(plan)
+                log.info("auto checkpoint interval: every %d steps (~%.1f s; save %.3f s, mean time between "
+                         "preemptions %.0f s)", plan["steps"], plan["seconds"], plan["save_s"], plan["mtbp_s"])
+            metrics.sync()
+        schedule.follow(state.step, dist.broadcast(schedule.interval))  # all ranks keep rank 0's plan
+
+    # ---- the loop
+    attempt_t0 = time.perf_counter()
+    base_train_time = state.train_time_s
+    recent_step_s: collections.deque[float] = collections.deque(maxlen=21)  # median guides auto checkpointing
+    window = {"loss": 0.0, "n": 0, "wait": 0.0, "time": 0.0}
+    perm, perm_epoch = None, -1
+    interrupted = False
+    last_saved_step = state.step if loaded else -1
+    while state.step < total_steps and not stopper.stopped:
+        if state.batch_in_epoch >= steps_per_epoch:
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+        if perm_epoch != state.epoch:
+            perm, perm_epoch = epoch_permutation(train_split.n, tc.seed, state.epoch), state.epoch
+        t0 = time.perf_counter()
+        wait = 0.0
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(tc.grad_accum_steps):
+            tw = time.perf_counter()
+            start = state.batch_in_epoch * global_batch + (micro * dist.world + dist.rank) * tc.micro_batch
+            batch = train_split.batch(perm[start : start + tc.micro_batch], device)
+            wait += time.perf_counter() - tw
+            no_sync = dist.enabled and micro < tc.grad_accum_steps - 1
+            with (ddp_model.no_sync() if no_sync else contextlib.nullcontext()):
+                with autocast(device, amp):
+                    out = recipe.step(ddp_model, batch)
+                scaler.scale(out.loss / tc.grad_accum_steps).backward()
+            loss_sum += out.loss.detach().float()
+        if tc.grad_clip is not None:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        state.step += 1
+        state.batch_in_epoch += 1
+        step_time = time.perf_counter() - t0
+        state.data_wait_s += wait
+        recent_step_s.append(step_time)
+        fault_point("step")
+
+        window["loss"] += float(loss_sum) / tc.grad_accum_steps
+        window["n"] += 1
+        window["wait"] += wait
+        window["time"] += step_time
+        if state.step % tc.log_every == 0 or state.step == total_steps:
+            emit({"step": state.step, "epoch": state.epoch, "loss": round(window["loss"] / window["n"], 6),
+                  "lr": scheduler.get_last_lr()[0],
+                  "samples_per_s": round(global_batch * window["n"] / max(window["time"], 1e-9), 1),
+                  "step_time_s": round(window["time"] / window["n"], 5),
+                  "data_wait_s": round(window["wait"] / window["n"], 6)})
+            window = {"loss": 0.0, "n": 0, "wait": 0.0, "time": 0.0}
+
+        end_of_epoch = state.batch_in_epoch == steps_per_epoch
+        if (tc.eval_every and state.step % tc.eval_every == 0) or (tc.eval_every is None and end_of_epoch) \
+                or state.step == total_steps:
+            state.last_eval = evaluate(model, recipe, val_split, device, amp, tc.micro_batch * tc.grad_accum_steps)
+            best = stopper.update(state.last_eval[es_cfg.metric], state.step)
+            emit({"event": "eval", "step": state.step, "epoch": state.epoch, **state.last_eval, "best": best})
+            log.info("step %d epoch %d: %s%s", state.step, state.epoch,
+                     " ".join(f"{k}={v:.4f}" for k, v in state.last_eval.items()), " (best)" if best else "")
+
+        finishing = stopper.stopped or state.step >= total_steps
+        if schedule.due(state.step) or finishing:
+            save()
+            last_saved_step = state.step
+        if dist.any(stop.signum is not None):
+            if last_saved_step != state.step:
+                save()
+            interrupted = True
+            break
+
+    wall = base_train_time + (time.perf_counter() - attempt_t0)
+    if interrupted:
+        emit({"event": "interrupted", "step": state.step})
+        log.warning("stopped by signal at step %d after an emergency checkpoint; rerun to resume", state.step)
+        if metrics:
+            metrics.close()
+        dist.close()
+        return TrainResult("interrupted", None, state.step)
+
+    summary = None
+    if dist.is_main:
+        best_ckpt = ckpts.best(ckpts.committed())
+        summary = {
+            "run_id": run_id,
+            "recipe": recipe.name,
+            "status": "stopped_early" if stopper.stopped else "completed",
+            "steps": state.step,
+            "total_steps": total_steps,
+            "epochs": round(state.step / steps_per_epoch, 3),
+            "stopped_early": stopper.stopped,
+            "best_metric": {"name": es_cfg.metric, "value": stopper.best, "step": stopper.best_step,
+                            "checkpoint_step": best_ckpt.step if best_ckpt else None},
+            "final_metrics": state.last_eval,
+            "wall_time_s": round(wall, 3),
+            "data_wait_fraction": round(state.data_wait_s / wall, 5) if wall else 0.0,
+            "checkpoint_time_fraction": round(state.checkpoint_time_s / wall, 5) if wall else 0.0,
+            "checkpoints_written": state.checkpoints_written,
+            "resumes": state.resumes,
+            "precision": precision_name(amp),
+            "device": device.type,
+            "world_size": dist.world,
+            "cache_key": cache.key,
+            "weights_sha256": weights_sha256(model.state_dict()),
+            **recipe.summary_fields(cache.manifest["meta"]),
+        }
+        store.put_bytes(join_key("runs", run_id, "summary.json"), json.dumps(summary, indent=2).encode())
+        emit({"event": "end", **{k: summary[k] for k in ("status", "steps", "weights_sha256")}})
+        metrics.close()
+    dist.barrier()
+    dist.close()
+    return TrainResult(summary["status"] if summary else "completed", summary, state.step)
