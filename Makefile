@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/thrifty train --config examples/digits.yaml
+	$(BIN)/thrifty run --config examples/digits.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from thrifty.runs import run_key
 from thrifty.storage import NotFound, Store, join_key
 from training.runtime import fault_point
 
@@ -42,7 +43,7 @@ class CheckpointInfo:
 class CheckpointManager:
     def __init__(self, store: Store, run_id: str, keep_last: int, mode: str = "min"):
         self.store = store
-        self.prefix = join_key("runs", run_id, "ckpt")
+        self.prefix = run_key(run_id, "ckpt")
         self.keep_last = keep_last
         self.mode = mode  # how "best" is judged: min or max of the commit's metric
 

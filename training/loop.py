@@ -18,13 +18,14 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from thrifty.config import ConfigError, RunConfig
-from thrifty.storage import Store, join_key, open_store
+from thrifty.runs import run_key
+from thrifty.storage import Store, open_store
 from training.checkpoint import CheckpointManager, daly_interval_s
 from training.data import Split, ensure_shards, epoch_permutation, load_split
 from training.early_stopping import EarlyStopping
@@ -76,7 +77,7 @@ class MetricsWriter:
     def __init__(self, store: Store, run_id: str):
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         self.store = store
-        self.key = join_key("runs", run_id, "metrics", f"{stamp}-{os.getpid()}.jsonl")
+        self.key = run_key(run_id, "metrics", f"{stamp}-{os.getpid()}.jsonl")
         direct = store.local_path(self.key)
         self.upload = direct is None
         if direct is None:  # object store: write locally, upload at each checkpoint and at the end
@@ -137,6 +138,31 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def optimizer_step(model: torch.nn.Module, recipe: Recipe, fetch: Callable[[int], dict[str, torch.Tensor]],
+                   accum: int, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, device: torch.device,
+                   amp: torch.dtype | None, grad_clip: float | None, ddp: bool = False) -> float:
+    """One optimizer step over ``accum`` micro-batches (``fetch(i)`` gives the i-th); returns the mean loss.
+
+    Each micro-batch's mean loss is divided by ``accum``, so the accumulated gradient equals that of
+    one batch ``accum`` times larger. Under DDP, gradients are all-reduced only on the last micro-batch.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(accum):
+        batch = fetch(micro)
+        with (model.no_sync() if ddp and micro < accum - 1 else contextlib.nullcontext()):
+            with autocast(device, amp):
+                out = recipe.step(model, batch)
+            scaler.scale(out.loss / accum).backward()
+        loss_sum += out.loss.detach().float()
+    if grad_clip is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    return float(loss_sum) / accum
 
 
 @torch.no_grad()
@@ -294,24 +320,17 @@ def train(cfg: RunConfig, run_id: str | None = None) -> TrainResult:
             perm, perm_epoch = epoch_permutation(train_split.n, tc.seed, state.epoch), state.epoch
         t0 = time.perf_counter()
         wait = 0.0
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(tc.grad_accum_steps):
+
+        def fetch(micro: int) -> dict[str, torch.Tensor]:
+            nonlocal wait
             tw = time.perf_counter()
             start = state.batch_in_epoch * global_batch + (micro * dist.world + dist.rank) * tc.micro_batch
             batch = train_split.batch(perm[start : start + tc.micro_batch], device)
             wait += time.perf_counter() - tw
-            no_sync = dist.enabled and micro < tc.grad_accum_steps - 1
-            with (ddp_model.no_sync() if no_sync else contextlib.nullcontext()):
-                with autocast(device, amp):
-                    out = recipe.step(ddp_model, batch)
-                scaler.scale(out.loss / tc.grad_accum_steps).backward()
-            loss_sum += out.loss.detach().float()
-        if tc.grad_clip is not None:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
+            return batch
+
+        loss = optimizer_step(ddp_model, recipe, fetch, tc.grad_accum_steps, optimizer, scaler, device, amp,
+                              tc.grad_clip, ddp=dist.enabled)
         scheduler.step()
         state.step += 1
         state.batch_in_epoch += 1
@@ -320,7 +339,7 @@ def train(cfg: RunConfig, run_id: str | None = None) -> TrainResult:
         recent_step_s.append(step_time)
         fault_point("step")
 
-        window["loss"] += float(loss_sum) / tc.grad_accum_steps
+        window["loss"] += loss
         window["n"] += 1
         window["wait"] += wait
         window["time"] += step_time
@@ -386,7 +405,7 @@ def train(cfg: RunConfig, run_id: str | None = None) -> TrainResult:
             "weights_sha256": weights_sha256(model.state_dict()),
             **recipe.summary_fields(cache.manifest["meta"]),
         }
-        store.put_bytes(join_key("runs", run_id, "summary.json"), json.dumps(summary, indent=2).encode())
+        store.put_bytes(run_key(run_id, "summary.json"), json.dumps(summary, indent=2).encode())
         emit({"event": "end", **{k: summary[k] for k in ("status", "steps", "weights_sha256")}})
         metrics.close()
     dist.barrier()

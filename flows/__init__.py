@@ -1,0 +1,1 @@
+"""Prefect flows that read like the pipeline."""

@@ -1,0 +1,1 @@
+"""Prefect tasks, one side effect each: preprocess, smoke, launch (and watch), report."""

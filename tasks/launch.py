@@ -1,0 +1,80 @@
+"""Launch the training job and watch it to the end: progress, one ledger row per attempt, graceful cancel.
+
+Never retried by Prefect: a retry rents another machine. Recovery after preemption is the launcher's job.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+from thrifty.config import RunConfig
+from thrifty.launchers import JobState, LaunchError, make_launcher
+from thrifty.launchers.base import Attempt
+from thrifty.runs import latest_progress, read_ledger, read_metrics, read_summary, write_ledger
+from thrifty.storage import open_store
+
+
+def merge_ledger(previous: list[dict[str, Any]], attempts: list[Attempt]) -> list[dict[str, Any]]:
+    """Earlier jobs' rows unchanged, this job's rows replaced by the latest view of its attempts."""
+    mine = {a.job_id for a in attempts}
+    return [r for r in previous if r.get("job_id") not in mine] + [a.row() for a in attempts]
+
+
+@task(name="launch-and-watch", retries=0)
+def launch_and_watch(config: RunConfig, poll_s: float = 1.0) -> dict[str, Any]:
+    """Submit the job, poll until it ends, keep the ledger; returns the job's outcome and the run summary."""
+    logger = get_run_logger()
+    store = open_store(config.store)
+    run_id = config.run_name
+    launcher = make_launcher(config)
+    previous_rows = read_ledger(store, run_id)
+    submitted_unix = time.time()
+    job_id = launcher.submit(config, run_id)
+    logger.info("submitted job %s (%s launcher)", job_id, config.compute.launcher)
+    progress_id = create_progress_artifact(0.0, description=f"training progress of run {run_id}")
+    last_logged: tuple | None = None
+    ledger_seen: list[dict[str, Any]] = []
+    try:
+        while True:
+            status = launcher.status(job_id)
+            rows = merge_ledger(previous_rows, status.attempts)
+            if rows != ledger_seen:
+                write_ledger(store, run_id, rows)
+                ledger_seen = rows
+            progress = latest_progress(read_metrics(store, run_id, since_unix=submitted_unix))
+            step, total = progress.get("step"), progress.get("total_steps")
+            shown = (status.state, len(status.attempts), step)
+            if shown != last_logged:
+                last_logged = shown
+                spend = sum(a.cost_usd() for a in status.attempts)
+                where = f"step {step}/{total} loss {progress.get('loss')}" if step is not None else "starting"
+                logger.info("%s attempt %d: %s, spend $%.4f", status.state.value, len(status.attempts), where, spend)
+                if step is not None and total:
+                    update_progress_artifact(progress_id, 100.0 * step / total)
+            if status.state.terminal:
+                break
+            time.sleep(poll_s)
+    except BaseException:
+        logger.warning("the watch was interrupted; cancelling job %s gracefully (it checkpoints first)", job_id)
+        launcher.cancel(job_id)
+        deadline = time.time() + config.compute.preempt_grace_s + 10
+        while not launcher.status(job_id).state.terminal and time.time() < deadline:
+            time.sleep(0.2)
+        write_ledger(store, run_id, merge_ledger(previous_rows, launcher.attempts(job_id)))
+        raise
+    write_ledger(store, run_id, merge_ledger(previous_rows, status.attempts))
+    if status.state != JobState.SUCCEEDED:
+        raise LaunchError(f"job {job_id} ended {status.state.value}: {status.message}")
+    summary = read_summary(store, run_id)
+    update_progress_artifact(progress_id, 100.0)
+    return {
+        "job_id": job_id,
+        "state": status.state.value,
+        "attempts": [a.row() for a in status.attempts],
+        "preemptions": sum(1 for a in status.attempts if a.end_reason == "preempted"),
+        "summary": summary,
+    }

@@ -1,0 +1,60 @@
+"""Preprocess once: raw data -> binary shards in the store, cached by data content + code + params."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import TASK_SOURCE, CachePolicy
+
+from thrifty.config import ConfigError, RunConfig
+from thrifty.storage import open_store
+from training.data import cache_key, ensure_shards, read_manifest
+from training.recipes.base import EmptyDataError, resolve_recipe
+
+
+@dataclass
+class ShardCacheKey(CachePolicy):
+    """Prefect's cache key = the shard cache's key (raw-data fingerprint + preprocessing source + params) and store.
+
+    No key (so the task runs) when the store lacks the manifest, e.g. after the store was wiped:
+    a Prefect cache record must never stand in for shards that are gone.
+    """
+
+    def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any],
+                    **kwargs: Any) -> str | None:
+        cfg: RunConfig = inputs["config"]
+        recipe = resolve_recipe(cfg.recipe)
+        key = cache_key(recipe, recipe.parse_params(cfg.recipe_params))
+        store = open_store(cfg.store)
+        if read_manifest(store, key) is None:
+            return None
+        return f"{store.uri}|{key}"
+
+
+def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry store hiccups; never a config or data problem, which a retry cannot fix."""
+    try:
+        state.result()
+    except (ConfigError, EmptyDataError):
+        return False
+    except Exception:
+        return True
+    return False
+
+
+@task(name="preprocess", cache_policy=ShardCacheKey() + TASK_SOURCE, persist_result=True,
+      retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=_retry_transient)
+def preprocess(config: RunConfig) -> dict[str, Any]:
+    """Ensure the run's shards exist in the store; a hit is one manifest read."""
+    recipe = resolve_recipe(config.recipe)
+    result = ensure_shards(open_store(config.store), recipe, recipe.parse_params(config.recipe_params))
+    splits = result.manifest["splits"]
+    return {
+        "key": result.key,
+        "hit": result.hit,
+        "seconds": round(result.seconds, 3),
+        "examples": {split: arrays[next(iter(arrays))]["shape"][0] for split, arrays in splits.items()},
+        "bytes": sum(s["bytes"] for arrays in splits.values() for spec in arrays.values() for s in spec["shards"]),
+    }

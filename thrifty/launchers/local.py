@@ -1,0 +1,172 @@
+"""The embedded stand-in for a SkyPilot managed spot job: the training program as a local process group.
+
+It gets the same environment a cloud node gets, can be preempted on purpose (SIGTERM then
+SIGKILL after a grace period, or a hard kill), is restarted like SkyPilot's recovery
+(preemptions always; failures up to ``compute.max_restarts``), and meters cost at the price of
+the instance it emulates, so budgets and reports work on a laptop.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from thrifty.config import RunConfig
+from thrifty.launchers.base import Attempt, JobState, JobStatus, LaunchError, node_env
+from thrifty.pricing import quote_emulated
+from thrifty.runs import latest_progress, read_metrics
+from thrifty.storage import open_store
+
+log = logging.getLogger("thrifty.launch")
+
+EXIT_BAD_INPUT = 2  # the training program's "fix your config" exit code: never worth a restart
+POLL_S = 0.1
+
+
+class _Job:
+    def __init__(self, job_id: str, cfg: RunConfig, run_id: str, log_dir: Path):
+        self.job_id, self.cfg, self.run_id, self.log_dir = job_id, cfg, run_id, log_dir
+        self.state = JobState.PENDING
+        self.attempts: list[Attempt] = []
+        self.message = ""
+        self.cancel_requested = threading.Event()
+        self.preemptions_injected = 0
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._supervise, name=f"thrifty-{job_id}", daemon=True)
+
+    # -------------------------------------------------------------- supervisor
+    def _supervise(self) -> None:
+        failures = 0
+        while True:
+            reason, code = self._run_attempt()
+            if reason == "succeeded":
+                self._set(JobState.SUCCEEDED, "training finished")
+                return
+            if reason == "cancelled":
+                self._set(JobState.CANCELLED, "cancelled; the job saved a checkpoint on SIGTERM")
+                return
+            if reason == "failed":
+                failures += 1
+                if code == EXIT_BAD_INPUT or failures > self.cfg.compute.max_restarts:
+                    why = "bad input (exit 2)" if code == EXIT_BAD_INPUT else f"{failures} failures"
+                    self._set(JobState.FAILED, f"training exited with code {code}; giving up after {why}. "
+                                               f"Logs: {self.log_dir}")
+                    return
+            self._set(JobState.RECOVERING, f"attempt {len(self.attempts)} {reason}; recovering")
+
+    def _run_attempt(self) -> tuple[str, int | None]:
+        c = self.cfg.compute
+        price = quote_emulated(c.emulate, c.use_spot)
+        attempt = Attempt(self.job_id, len(self.attempts) + 1, price.cloud, "local", price.instance, c.use_spot,
+                          price.usd_per_hour, c.num_nodes, time.time())
+        with self.lock:
+            self.attempts.append(attempt)
+            self.state = JobState.STARTING
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"attempt-{attempt.number}.log"
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "training"], env={**os.environ, **node_env(self.cfg, self.run_id)},
+                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,  # its own process group
+            )
+        self._set(JobState.RUNNING, f"attempt {attempt.number} running (pid {proc.pid}, log {log_path})")
+        reason = None
+        while proc.poll() is None:
+            if self.cancel_requested.is_set():
+                self._stop(proc, graceful=True)
+                reason = "cancelled"
+            elif self._preemption_due(attempt):
+                self.preemptions_injected += 1
+                log.warning("injecting a preemption (%s) into attempt %d", c.preempt_mode, attempt.number)
+                self._stop(proc, graceful=c.preempt_mode == "sigterm")
+                reason = "preempted"
+            else:
+                time.sleep(POLL_S)
+        code = proc.returncode
+        if reason is None:
+            reason = "succeeded" if code == 0 else "failed"
+        with self.lock:
+            attempt.ended_unix, attempt.end_reason, attempt.exit_code = time.time(), reason, code
+        return reason, code
+
+    def _preemption_due(self, attempt: Attempt) -> bool:
+        c = self.cfg.compute
+        if self.preemptions_injected > 0:
+            return False  # one injected preemption per job
+        if c.preempt_after_s is not None and time.time() - attempt.started_unix >= c.preempt_after_s:
+            return True
+        if c.preempt_after_steps is not None:
+            progress = latest_progress(read_metrics(open_store(self.cfg.store), self.run_id, attempt.started_unix))
+            return progress.get("step", 0) >= c.preempt_after_steps
+        return False
+
+    def _stop(self, proc: subprocess.Popen, graceful: bool) -> None:
+        """SIGTERM the process group and wait out the grace period, then SIGKILL; or SIGKILL at once."""
+        if graceful:
+            _signal_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.cfg.compute.preempt_grace_s)
+                return
+            except subprocess.TimeoutExpired:
+                log.warning("job did not exit within %.0f s of SIGTERM; killing it", self.cfg.compute.preempt_grace_s)
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+
+    def _set(self, state: JobState, message: str) -> None:
+        with self.lock:
+            self.state, self.message = state, message
+        log.info("%s: %s", state.value, message)
+
+    def snapshot(self) -> JobStatus:
+        with self.lock:
+            return JobStatus(self.job_id, self.state, copy.deepcopy(self.attempts), self.message)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class LocalLauncher:
+    """Runs jobs on this machine; one supervisor thread per job, in this process."""
+
+    def __init__(self, log_root: str | Path = ".thrifty/logs"):
+        self.log_root = Path(log_root)
+        self._jobs: dict[str, _Job] = {}
+
+    def submit(self, cfg: RunConfig, run_id: str) -> str:
+        quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)  # an unknown instance fails here, not mid-job
+        job_id = f"local-{run_id}-{uuid.uuid4().hex[:8]}"
+        job = _Job(job_id, cfg, run_id, self.log_root / job_id)
+        self._jobs[job_id] = job
+        job.thread.start()
+        return job_id
+
+    def _job(self, job_id: str) -> _Job:
+        try:
+            return self._jobs[job_id]
+        except KeyError:
+            raise LaunchError(f"unknown local job {job_id!r} (local jobs live in the process that submitted them)") from None
+
+    def status(self, job_id: str) -> JobStatus:
+        return self._job(job_id).snapshot()
+
+    def cancel(self, job_id: str) -> None:
+        self._job(job_id).cancel_requested.set()
+
+    def attempts(self, job_id: str) -> list[Attempt]:
+        return self._job(job_id).snapshot().attempts
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobStatus:
+        self._job(job_id).thread.join(timeout)
+        return self.status(job_id)

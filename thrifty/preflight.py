@@ -1,0 +1,17 @@
+"""Checks that need no money: everything a user can get wrong is caught here, before preprocessing or launch."""
+
+from __future__ import annotations
+
+from thrifty.config import ConfigError, RunConfig
+from thrifty.launchers.base import make_launcher
+from thrifty.pricing import PricingError, quote_emulated
+
+
+def check_before_spending(cfg: RunConfig) -> None:
+    """Raise ConfigError naming the setting to change if this run cannot be priced or launched as configured."""
+    make_launcher(cfg)  # an unavailable launcher is a ConfigError
+    if cfg.compute.launcher == "local":
+        try:
+            quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)
+        except PricingError as exc:
+            raise ConfigError(f"'compute.emulate': {exc} Pick one of those for the local launcher to meter.") from None
