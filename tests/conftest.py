@@ -43,3 +43,12 @@ def python_env() -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One Prefect test server for the whole session (~15 s to start); request it only where flows run."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        yield

@@ -131,6 +131,7 @@ class BudgetConfig(_Frozen):
         return v
 
 
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}"
 _RECIPE = r"[A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*"
 
@@ -202,6 +203,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from exc
+    if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+        value = float(value)  # YAML 1.1 reads 3e-4 as a string
+    elif not isinstance(value, (str, int, float, bool, list, dict, type(None))):
+        value = raw  # dates and other YAML types: keep the text as given (run_name=2024-06-01)
     return path, value
 
 

@@ -62,6 +62,7 @@ class LoopState:
     data_wait_s: float = 0.0
     checkpoint_time_s: float = 0.0
     last_eval: dict[str, float] = field(default_factory=dict)
+    last_eval_step: int = -1  # the step ``last_eval`` measured: a checkpoint carries its metric only if equal
 
 
 @dataclass
@@ -260,7 +261,8 @@ def train(cfg: RunConfig, run_id: str | None = None) -> TrainResult:
             ) from None
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
-        scaler.load_state_dict(saved["scaler"])
+        if saved["scaler"]:  # empty when saved without a GradScaler (fp32/bf16): an fp16 resume starts a fresh one
+            scaler.load_state_dict(saved["scaler"])
         stopper.load_state_dict(saved["early_stopping"])
         state = LoopState(**saved["loop"])
         state.resumes += 1
@@ -293,7 +295,8 @@ def train(cfg: RunConfig, run_id: str | None = None) -> TrainResult:
                                             "train_time_s": base_train_time + (time.perf_counter() - attempt_t0)})),
                 "config": cfg.model_dump_json(), "data_key": cache.key, "world_size": dist.world,
             }
-            save_s = ckpts.save(checkpoint, state.step, state.last_eval.get(es_cfg.metric))
+            evaluated_here = state.last_eval_step == state.step  # else the metric belongs to other weights
+            save_s = ckpts.save(checkpoint, state.step, state.last_eval.get(es_cfg.metric) if evaluated_here else None)
             state.checkpoints_written += 1
             state.checkpoint_time_s += save_s
             emit({"event": "checkpoint", "step": state.step, "save_s": round(save_s, 4)})
@@ -355,6 +358,7 @@ def train(cfg: RunConfig, run_id: str | None = None) -> TrainResult:
         if (tc.eval_every and state.step % tc.eval_every == 0) or (tc.eval_every is None and end_of_epoch) \
                 or state.step == total_steps:
             state.last_eval = evaluate(model, recipe, val_split, device, amp, tc.micro_batch * tc.grad_accum_steps)
+            state.last_eval_step = state.step
             best = stopper.update(state.last_eval[es_cfg.metric], state.step)
             emit({"event": "eval", "step": state.step, "epoch": state.epoch, **state.last_eval, "best": best})
             log.info("step %d epoch %d: %s%s", state.step, state.epoch,
