@@ -1,4 +1,4 @@
-"""The main job: preprocess (cached) -> smoke test on CPU -> launch on (emulated) spot and watch -> report."""
+"""The main job: preprocess (cached) -> smoke test on CPU -> budget gate -> launch and watch -> report."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows.hooks import announce_projection, post_final_cost
+from tasks.budget import budget_gate
 from tasks.launch import launch_and_watch
 from tasks.preprocess import preprocess
 from tasks.report import report
@@ -14,7 +16,9 @@ from thrifty.config import RunConfig
 from thrifty.preflight import check_before_spending
 
 
-@flow(name="thrifty-train", flow_run_name="{config.run_name}", log_prints=True)
+@flow(name="thrifty-train", flow_run_name="{config.run_name}", log_prints=True,
+      on_running=[announce_projection], on_completion=[post_final_cost], on_failure=[post_final_cost],
+      on_crashed=[post_final_cost], on_cancellation=[post_final_cost])
 def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0) -> dict[str, Any]:
     """Train one run the cheap way. `config` is the RunConfig: the Prefect UI draws its form from it."""
     logger = get_run_logger()
@@ -26,8 +30,10 @@ def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0) -> dict
     logger.info("preprocessing cache %s: %s", "hit" if prep["hit"] else "miss", prep["key"])
 
     smoke_result = smoke(config)  # raises before any launch if the recipe cannot train
+    estimate = budget_gate(config, prep, smoke_result)  # raises if the plan exceeds the budget
 
-    job = launch_and_watch(config, poll_s=poll_s)
-    figures = report(config.run_name, prep, smoke_result, job)
-    return {"cache_hit": prep["hit"], "smoke": smoke_result, "job": job, "cost_usd": figures["cost_usd"],
-            "on_demand_usd": figures["on_demand_usd"], "summary": job["summary"]}
+    job = launch_and_watch(config, poll_s=poll_s)  # stops the job at the budget cap
+    figures = report(config, prep, smoke_result, estimate, job)
+    return {"cache_hit": prep["hit"], "smoke": smoke_result, "estimate": estimate, "job": job,
+            "cost_usd": figures["actual_usd"], "on_demand_usd": figures["actual_usd"] + figures["levers_usd"]["spot"],
+            "savings": figures, "summary": job["summary"]}

@@ -11,6 +11,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from tasks.alerts import BudgetGuard
+from thrifty.budget import BudgetExceeded
 from thrifty.config import RunConfig
 from thrifty.launchers import JobState, LaunchError, make_launcher
 from thrifty.launchers.base import Attempt
@@ -24,14 +26,24 @@ def merge_ledger(previous: list[dict[str, Any]], attempts: list[Attempt]) -> lis
     return [r for r in previous if r.get("job_id") not in mine] + [a.row() for a in attempts]
 
 
+def _stop_gracefully(launcher: Any, job_id: str, grace_s: float) -> None:
+    """Cancel (SIGTERM: the job checkpoints) and wait for the job to end."""
+    launcher.cancel(job_id)
+    deadline = time.time() + grace_s + 10
+    while not launcher.status(job_id).state.terminal and time.time() < deadline:
+        time.sleep(0.2)
+
+
 @task(name="launch-and-watch", retries=0)
 def launch_and_watch(config: RunConfig, poll_s: float = 1.0) -> dict[str, Any]:
-    """Submit the job, poll until it ends, keep the ledger; returns the job's outcome and the run summary."""
+    """Submit the job, poll until it ends, keep the ledger and the budget; returns the outcome and the run summary."""
     logger = get_run_logger()
     store = open_store(config.store)
     run_id = config.run_name
     launcher = make_launcher(config)
+    guard = BudgetGuard(config, store, run_id, logger)
     previous_rows = read_ledger(store, run_id)
+    earlier_attempts = [Attempt(**r) for r in previous_rows]  # the budget is per run: earlier jobs count too
     submitted_unix = time.time()
     job_id = launcher.submit(config, run_id)
     logger.info("submitted job %s (%s launcher)", job_id, config.compute.launcher)
@@ -46,35 +58,46 @@ def launch_and_watch(config: RunConfig, poll_s: float = 1.0) -> dict[str, Any]:
                 write_ledger(store, run_id, rows)
                 ledger_seen = rows
             progress = latest_progress(read_metrics(store, run_id, since_unix=submitted_unix))
+            snap, exceeded = guard.check(earlier_attempts + status.attempts, progress)
             step, total = progress.get("step"), progress.get("total_steps")
             shown = (status.state, len(status.attempts), step)
             if shown != last_logged:
                 last_logged = shown
-                spend = sum(a.cost_usd() for a in status.attempts)
                 where = f"step {step}/{total} loss {progress.get('loss')}" if step is not None else "starting"
-                logger.info("%s attempt %d: %s, spend $%.4f", status.state.value, len(status.attempts), where, spend)
+                logger.info("%s attempt %d: %s, spend $%.4f (%.0f%% of budget), burn $%.3f/h, projected $%.4f",
+                            status.state.value, len(status.attempts), where, snap.spend_usd, 100 * snap.fraction,
+                            snap.burn_usd_per_hour, snap.projected_usd)
                 if step is not None and total:
                     update_progress_artifact(progress_id, 100.0 * step / total)
+            if exceeded:
+                _stop_gracefully(launcher, job_id, config.compute.preempt_grace_s)
+                attempts = launcher.attempts(job_id)
+                write_ledger(store, run_id, merge_ledger(previous_rows, attempts))
+                stopped_at = latest_progress(read_metrics(store, run_id, since_unix=submitted_unix)).get("step")
+                raise BudgetExceeded(
+                    f"run {run_id} stopped at its budget cap after spending "
+                    f"${sum(a.cost_usd() for a in earlier_attempts + attempts):.4f} "
+                    f"of budget.max_usd ${config.budget.max_usd:g}; its checkpoint (step {stopped_at}) is kept. "
+                    "Run it again with a larger budget.max_usd to finish from there."
+                )
             if status.state.terminal:
                 break
             time.sleep(poll_s)
+    except BudgetExceeded:
+        raise
     except BaseException:
         logger.warning("the watch was interrupted; cancelling job %s gracefully (it checkpoints first)", job_id)
-        launcher.cancel(job_id)
-        deadline = time.time() + config.compute.preempt_grace_s + 10
-        while not launcher.status(job_id).state.terminal and time.time() < deadline:
-            time.sleep(0.2)
+        _stop_gracefully(launcher, job_id, config.compute.preempt_grace_s)
         write_ledger(store, run_id, merge_ledger(previous_rows, launcher.attempts(job_id)))
         raise
     write_ledger(store, run_id, merge_ledger(previous_rows, status.attempts))
     if status.state != JobState.SUCCEEDED:
         raise LaunchError(f"job {job_id} ended {status.state.value}: {status.message}")
-    summary = read_summary(store, run_id)
     update_progress_artifact(progress_id, 100.0)
     return {
         "job_id": job_id,
         "state": status.state.value,
         "attempts": [a.row() for a in status.attempts],
         "preemptions": sum(1 for a in status.attempts if a.end_reason == "preempted"),
-        "summary": summary,
+        "summary": read_summary(store, run_id),
     }

@@ -55,6 +55,7 @@ def preprocess(config: RunConfig) -> dict[str, Any]:
         "key": result.key,
         "hit": result.hit,
         "seconds": round(result.seconds, 3),
+        "cold_seconds": result.manifest.get("preprocess_seconds", 0.0),  # what preprocessing costs without the cache
         "examples": {split: arrays[next(iter(arrays))]["shape"][0] for split, arrays in splits.items()},
         "bytes": sum(s["bytes"] for arrays in splits.values() for spec in arrays.values() for s in spec["shards"]),
     }

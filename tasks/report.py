@@ -1,4 +1,4 @@
-"""Publish the run's Prefect artifacts: a markdown summary and a table of attempts."""
+"""Publish the run's Prefect artifacts: summary, attempts, savings by lever, loss-and-spend chart, cross-run table."""
 
 from __future__ import annotations
 
@@ -8,8 +8,14 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from thrifty import savings
+from thrifty.config import RunConfig
 from thrifty.launchers.base import Attempt
-from thrifty.pricing import PricingError, find_instance
+from thrifty.runs import read_ledger, read_metrics
+from thrifty.storage import open_store
+
+SAVINGS_TABLE_KEY = "thrifty-savings"  # the cross-run table every run updates
+_BARS = "▁▂▃▄▅▆▇█"
 
 
 def artifact_key(run_id: str, kind: str) -> str:
@@ -17,24 +23,41 @@ def artifact_key(run_id: str, kind: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"thrifty-{kind}-{run_id}".lower()).strip("-")
 
 
-def attempt_costs(rows: list[dict[str, Any]]) -> tuple[float, float]:
-    """(actual $, what the same instance-hours would have cost on-demand)."""
-    attempts = [Attempt(**r) for r in rows]
-    actual = sum(a.cost_usd() for a in attempts)
-    on_demand = 0.0
-    for a in attempts:
-        try:
-            on_demand += a.hours() * find_instance(a.cloud, a.instance).on_demand_usd_per_hour * a.nodes
-        except PricingError:  # not in the table: count it at what was paid
-            on_demand += a.cost_usd()
-    return actual, on_demand
+def sparkline(values: list[float]) -> str:
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    return "".join(_BARS[int((v - lo) / (hi - lo) * (len(_BARS) - 1)) if hi > lo else 0] for v in values)
 
 
-def render_summary(run_id: str, prep: dict[str, Any], smoke: dict[str, Any], job: dict[str, Any]) -> str:
+def spend_at(attempts: list[Attempt], t: float) -> float:
+    return sum(max(0.0, min(t, a.ended_unix or t) - a.started_unix) / 3600 * a.usd_per_hour * a.nodes
+               for a in attempts if a.started_unix <= t)
+
+
+def loss_and_spend_chart(metrics: list[dict[str, Any]], attempts: list[Attempt], points: int = 12) -> str:
+    """A markdown chart: loss and cumulative spend over wall time, sampled at up to ``points`` rows."""
+    rows = [m for m in metrics if m.get("event") is None and "loss" in m]
+    if not rows or not attempts:
+        return "_no training metrics recorded_\n"
+    picked = [rows[round(i * (len(rows) - 1) / max(1, points - 1))] for i in range(min(points, len(rows)))]
+    t0 = min(a.started_unix for a in attempts)
+    losses = [r["loss"] for r in picked]
+    spends = [spend_at(attempts, r["time_unix"]) for r in picked]
+    lines = [f"loss  `{sparkline(losses)}` {losses[0]:.3f} -> {losses[-1]:.3f}",
+             "", f"spend `{sparkline(spends)}` ${spends[0]:.5f} -> ${spends[-1]:.5f}", "",
+             "| minute | step | loss | spend $ |", "|---:|---:|---:|---:|"]
+    lines += [f"| {(r['time_unix'] - t0) / 60:.2f} | {r['step']} | {r['loss']:.4f} | {s:.5f} |"
+              for r, s in zip(picked, spends)]
+    return "\n".join(lines) + "\n"
+
+
+def render_summary(run_id: str, prep: dict[str, Any], smoke: dict[str, Any], estimate: dict[str, Any],
+                   job: dict[str, Any], figures: dict[str, Any]) -> str:
     summary = job.get("summary") or {}
-    actual, on_demand = attempt_costs(job["attempts"])
     best = summary.get("best_metric") or {}
     final = summary.get("final_metrics") or {}
+    lev = figures["levers_usd"]
     lines = [
         f"# Run `{run_id}`",
         "",
@@ -43,6 +66,7 @@ def render_summary(run_id: str, prep: dict[str, Any], smoke: dict[str, Any], job
         f"| preprocessing cache | {'hit' if prep['hit'] else 'miss'} (key `{prep['key']}`, {prep['seconds']} s) |",
         f"| smoke test | passed: {smoke['steps']} steps on CPU, {smoke['precision_checked']} autocast, "
         f"{smoke['cpu_step_time_s']} s/step |",
+        f"| estimate before launch | ${estimate['usd']:.5f} ({estimate['assumption']}) |",
         f"| job | `{job['job_id']}` {job['state']} |",
         f"| attempts | {len(job['attempts'])} ({job['preemptions']} preemption(s) survived) |",
         f"| steps | {summary.get('steps')} of {summary.get('total_steps')} ({summary.get('epochs')} epochs) |",
@@ -51,24 +75,46 @@ def render_summary(run_id: str, prep: dict[str, Any], smoke: dict[str, Any], job
         *[f"| final {k} | {v:.4f} |" for k, v in final.items()],
         f"| checkpoints written / resumes | {summary.get('checkpoints_written')} / {summary.get('resumes')} |",
         f"| data-wait fraction | {summary.get('data_wait_fraction')} |",
-        f"| cost | ${actual:.4f} (on-demand: ${on_demand:.4f}, saved ${on_demand - actual:.4f}) |",
+        f"| cost | ${figures['actual_usd']:.5f} (on-demand: ${figures['actual_usd'] + lev['spot']:.5f}) |",
         f"| weights sha256 | `{summary.get('weights_sha256')}` |",
+        "",
+        "## Savings",
+        "",
+        f"Actual **${figures['actual_usd']:.5f}** against **${figures['naive_usd']:.5f}** the naive way: "
+        f"saved ${figures['saved_usd']:.5f} ({figures['saved_fraction']:.0%}).",
+        "",
+        "| lever | saved $ |",
+        "|---|---:|",
+        *[f"| {k.replace('_', ' ')} | {v:.5f} |" for k, v in lev.items()],
+        f"| preemption waste ({figures['preemption_waste']['steps']} steps recomputed) | "
+        f"-{figures['preemption_waste']['usd']:.5f} |",
+        "",
+        *[f"- {a}" for a in figures["assumptions"]],
+        "",
     ]
     return "\n".join(lines) + "\n"
 
 
 @task(name="report", retries=0)
-def report(run_id: str, prep: dict[str, Any], smoke: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
-    """Markdown summary + attempts table as Prefect artifacts; returns the figures shown."""
-    markdown = render_summary(run_id, prep, smoke, job)
+def report(config: RunConfig, prep: dict[str, Any], smoke: dict[str, Any], estimate: dict[str, Any],
+           job: dict[str, Any]) -> dict[str, Any]:
+    """Artifacts for the run and the cross-run savings table; returns the savings figures."""
+    run_id = config.run_name
+    store = open_store(config.store)
+    metrics = read_metrics(store, run_id)
+    ledger = read_ledger(store, run_id)  # every job of this run: a resumed run's earlier spend counts
+    figures = savings.breakdown(ledger, job.get("summary") or {}, prep["hit"], prep.get("cold_seconds", 0.0), metrics)
+    savings.write(store, run_id, figures)
+
+    chart = loss_and_spend_chart(metrics, [Attempt(**r) for r in ledger])
+    markdown = render_summary(run_id, prep, smoke, estimate, job, figures) + "## Loss and spend\n\n" + chart
     create_markdown_artifact(markdown, key=artifact_key(run_id, "summary"), description=f"Thrifty run {run_id}")
-    rows = [
-        {"attempt": a["number"], "cloud": a["cloud"], "region": a["region"], "instance": a["instance"],
-         "spot": a["spot"], "usd_per_hour": a["usd_per_hour"], "nodes": a["nodes"],
-         "minutes": round(Attempt(**a).hours() * 60, 2),
-         "end": a["end_reason"], "exit_code": a["exit_code"]}
-        for a in job["attempts"]
-    ]
+    rows = [{"attempt": a.number, "job": a.job_id, "cloud": a.cloud, "region": a.region, "instance": a.instance,
+             "spot": a.spot, "usd_per_hour": a.usd_per_hour, "nodes": a.nodes, "minutes": round(a.hours() * 60, 2),
+             "usd": round(a.cost_usd(), 6), "end": a.end_reason, "exit_code": a.exit_code}
+            for a in (Attempt(**r) for r in ledger)]
     create_table_artifact(rows, key=artifact_key(run_id, "attempts"), description=f"Attempts of run {run_id}")
-    actual, on_demand = attempt_costs(job["attempts"])
-    return {"markdown": markdown, "cost_usd": actual, "on_demand_usd": on_demand}
+    create_table_artifact(savings.table(savings.read_all(store)), key=SAVINGS_TABLE_KEY,
+                          description=f"Savings of every Thrifty run in {store.uri}")
+    return {"markdown": markdown, **figures}
+

@@ -115,19 +115,35 @@ class ComputeConfig(_Frozen):
 
 
 class BudgetConfig(_Frozen):
-    max_usd: float = Field(10.0, gt=0.0, description="Hard cap on the run's spend (USD).")
-    max_gpu_hours: float | None = Field(None, gt=0.0, description="Optional cap on GPU time (GPU-hours).")
-    burn_rate_alert_usd_per_hour: float | None = Field(5.0, gt=0.0, description="Alert above this burn rate (USD/hour).")
+    max_usd: float = Field(10.0, gt=0.0, description="Hard cap on the run's spend: the job is stopped (with a checkpoint) here (USD).")
+    max_gpu_hours: float | None = Field(None, gt=0.0, description="Optional cap on GPU time, summed over attempts and nodes (GPU-hours).")
+    burn_rate_alert_usd_per_hour: float | None = Field(5.0, gt=0.0, description="Alert while the run burns more than this (USD/hour); null = off.")
+    burn_rate_alert_every_s: float = Field(1800.0, gt=0.0, description="A burn-rate alert repeats at most this often (s).")
     thresholds: list[float] = Field(
-        default_factory=lambda: [0.5, 0.8, 1.0], min_length=1, description="Alert at these fractions of max_usd."
+        default_factory=lambda: [0.5, 0.8, 1.0], min_length=1,
+        description="Alert once each when spend reaches these fractions of max_usd (fractions, increasing).",
     )
-    notify: list[str] = Field(default_factory=list, description="Prefect notification block names to alert.")
+    notify: list[str] = Field(
+        default_factory=list,
+        description="Prefect notification blocks to alert, as 'block-type/block-name', e.g. 'slack-webhook/ml-alerts'.",
+    )
+    allow_over_budget: bool = Field(
+        False, description="Launch even when the pre-launch estimate exceeds max_usd (the hard cap still applies)."
+    )
 
     @field_validator("thresholds")
     @classmethod
     def _ordered(cls, v: list[float]) -> list[float]:
         if any(t <= 0 or t > 1 for t in v) or v != sorted(set(v)):
             raise ValueError("thresholds must be strictly increasing fractions in (0, 1], e.g. [0.5, 0.8, 1.0]")
+        return v
+
+    @field_validator("notify")
+    @classmethod
+    def _block_refs(cls, v: list[str]) -> list[str]:
+        for ref in v:
+            if not re.fullmatch(r"[a-z0-9][a-z0-9\-]*/[A-Za-z0-9][\w\-]*", ref):
+                raise ValueError(f"notify entry {ref!r} must be 'block-type/block-name', e.g. 'custom-webhook/ops'")
         return v
 
 

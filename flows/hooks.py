@@ -1,0 +1,97 @@
+"""Flow-run hooks: post the projected cost when a run starts and the final spend when it ends.
+
+Prefect runs hooks best-effort, so they only inform: the hard stop lives in the watch loop and,
+for deployed runs, in an automation on ``thrifty.budget.exceeded``. A hook never raises and
+never blocks for long (each notification has a timeout).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from typing import Any, Callable
+
+from tasks.alerts import notify
+from thrifty import savings
+from thrifty.config import RunConfig
+from thrifty.launchers.base import Attempt
+from thrifty.pricing import quote_emulated
+from thrifty.runs import read_ledger, run_key
+from thrifty.storage import NotFound, open_store
+
+log = logging.getLogger("thrifty.hooks")
+
+
+def _never_raises(hook: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(hook)
+    def wrapper(flow: Any, flow_run: Any, state: Any) -> None:
+        try:
+            hook(flow, flow_run, state)
+        except Exception:  # noqa: BLE001 - a hook must not change the run's outcome
+            log.exception("thrifty hook %s failed (ignored)", hook.__name__)
+    return wrapper
+
+
+def _logger(flow: Any, flow_run: Any) -> logging.Logger | logging.LoggerAdapter:
+    try:
+        from prefect.logging.loggers import flow_run_logger
+
+        return flow_run_logger(flow_run, flow)
+    except Exception:  # noqa: BLE001
+        return log
+
+
+def _config(flow_run: Any) -> RunConfig:
+    raw = flow_run.parameters.get("config", {})
+    return raw if isinstance(raw, RunConfig) else RunConfig.model_validate(raw or {})
+
+
+def running_message(cfg: RunConfig) -> str:
+    b = cfg.budget
+    parts = [f"run {cfg.run_name} starting: budget ${b.max_usd:g}"]
+    if cfg.compute.launcher == "local":
+        q = quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)
+        rate = q.usd_per_hour * cfg.compute.num_nodes
+        parts.append(f"burning ${rate:.3f}/h on {q.cloud} {q.instance} {'spot' if q.spot else 'on-demand'}, "
+                     f"so the budget covers {b.max_usd / rate:.1f} h")
+    try:
+        est = open_store(cfg.store).get_bytes(run_key(cfg.run_name, "savings.json"))
+        parts.append(f"last time it cost ${json.loads(est)['actual_usd']:.4f}")
+    except (NotFound, KeyError, ValueError):
+        pass
+    return "; ".join(parts)
+
+
+def final_message(cfg: RunConfig, state_name: str, state_message: str | None) -> str:
+    store = open_store(cfg.store)
+    attempts = [Attempt(**r) for r in read_ledger(store, cfg.run_name)]
+    spent = sum(a.cost_usd() for a in attempts)
+    text = (f"run {cfg.run_name} {state_name.lower()}: spent ${spent:.4f} of its ${cfg.budget.max_usd:g} budget "
+            f"({spent / cfg.budget.max_usd:.0%}) over {len(attempts)} attempt(s)")
+    try:
+        figures = json.loads(store.get_bytes(run_key(cfg.run_name, "savings.json")))
+        text += f"; saved ${figures['saved_usd']:.4f} ({figures['saved_fraction']:.0%}) against the naive way"
+    except (NotFound, KeyError, ValueError):
+        pass
+    if state_message and state_name.lower() != "completed":
+        text += f". {state_message}"
+    return text
+
+
+@_never_raises
+def announce_projection(flow: Any, flow_run: Any, state: Any) -> None:
+    """on_running: what the run may cost."""
+    cfg = _config(flow_run)
+    message = running_message(cfg)
+    _logger(flow, flow_run).info("budget: %s", message)
+    notify(cfg.budget.notify, f"Thrifty: {cfg.run_name} started", message)
+
+
+@_never_raises
+def post_final_cost(flow: Any, flow_run: Any, state: Any) -> None:
+    """on_completion / on_failure / on_crashed / on_cancellation: final spend, budget use and savings."""
+    cfg = _config(flow_run)
+    message = final_message(cfg, state.name, state.message)
+    _logger(flow, flow_run).info("budget: %s", message)
+    notify(cfg.budget.notify, f"Thrifty: {cfg.run_name} {state.name.lower()}", message)
