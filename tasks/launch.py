@@ -77,7 +77,8 @@ def launch_and_watch(config: RunConfig, poll_s: float = 1.0) -> dict[str, Any]:
                 raise BudgetExceeded(
                     f"run {run_id} stopped at its budget cap after spending "
                     f"${sum(a.cost_usd() for a in earlier_attempts + attempts):.4f} "
-                    f"of budget.max_usd ${config.budget.max_usd:g}; its checkpoint (step {stopped_at}) is kept. "
+                    f"of budget.max_usd ${config.budget.max_usd:g} (stopping {config.budget.stop_margin_s:g} s of "
+                    f"burn early); its checkpoints are kept{f' (step {stopped_at})' if stopped_at else ''}. "
                     "Run it again with a larger budget.max_usd to finish from there."
                 )
             if status.state.terminal:

@@ -77,7 +77,7 @@ def remaining_seconds(progress: dict[str, Any], steps_per_s: float | None) -> fl
 
 def snapshot(attempts: list[Attempt], progress: dict[str, Any], steps_per_s: float | None,
              budget: BudgetConfig, gpus_per_node: int, now: float | None = None) -> Snapshot:
-    now = now or time.time()
+    now = time.time() if now is None else now
     spent = spend_usd(attempts, now)
     burn = burn_rate_usd_per_hour(attempts)
     left = remaining_seconds(progress, steps_per_s)
@@ -103,7 +103,7 @@ class AlertState:
 def due_alerts(snap: Snapshot, budget: BudgetConfig, state: AlertState, run_id: str,
                now: float | None = None) -> list[Alert]:
     """The alerts to send now, updating ``state``. The cap itself is the 'exceeded' alert."""
-    now = now or time.time()
+    now = time.time() if now is None else now
     base = {"run_id": run_id, "spend_usd": round(snap.spend_usd, 6), "projected_usd": round(snap.projected_usd, 6),
             "burn_usd_per_hour": round(snap.burn_usd_per_hour, 4), "max_usd": budget.max_usd,
             "gpu_hours": round(snap.gpu_hours, 6)}
@@ -121,8 +121,10 @@ def due_alerts(snap: Snapshot, budget: BudgetConfig, state: AlertState, run_id: 
         state.last_burn_alert_unix = now
         out.append(Alert("burn_rate", f"run {run_id} burns ${snap.burn_usd_per_hour:.2f}/hour, above the "
                                       f"${rate:g}/hour alert level", {**base, "alert_usd_per_hour": rate}))
+    # stop early enough that checkpointing and teardown (stop_margin_s of burn) still fit under the cap
+    margin_usd = snap.burn_usd_per_hour * budget.stop_margin_s / 3600.0
     over_gpu = budget.max_gpu_hours is not None and snap.gpu_hours >= budget.max_gpu_hours
-    if snap.spend_usd >= budget.max_usd or over_gpu:
+    if snap.spend_usd + margin_usd >= budget.max_usd or over_gpu:
         what = (f"${snap.spend_usd:.4f} of its ${budget.max_usd:g} cap" if not over_gpu
                 else f"{snap.gpu_hours:.3f} of its {budget.max_gpu_hours:g} GPU-hour cap")
         out.append(Alert("exceeded", f"run {run_id} reached {what}; stopping it gracefully", base))

@@ -92,6 +92,26 @@ class ComputeConfig(_Frozen):
     on_demand_fallback: bool = Field(True, description="Fall back to on-demand when no spot capacity is found.")
     num_nodes: int = Field(1, ge=1, description="Nodes in the job (count).")
     max_restarts: int = Field(3, ge=0, description="Recoveries after failures (not preemptions) before giving up (count).")
+    max_hourly_cost: float | None = Field(
+        None, gt=0.0, description="SkyPilot: only instances at or below this price per node (spot price for spot) (USD/hour)."
+    )
+    job_recovery_strategy: Literal["EAGER_NEXT_REGION", "FAILOVER"] = Field(
+        "EAGER_NEXT_REGION", description="SkyPilot: after a preemption, try another region at once, or retry the same region first."
+    )
+    regions: list[str] = Field(
+        default_factory=list,
+        description="SkyPilot: restrict a cloud to these regions, as 'cloud/region' (e.g. 'aws/us-east-1'); clouds not named stay unrestricted.",
+    )
+    disk_size_gb: int | None = Field(None, ge=10, description="SkyPilot: OS disk per node; null = SkyPilot's default (GB).")
+    store_access: Literal["sdk", "mount_cached"] = Field(
+        "sdk",
+        description="SkyPilot: the node reads and writes the store through the cloud SDK (atomic checkpoints), or "
+        "through a MOUNT_CACHED bucket mount (asynchronous uploads).",
+    )
+    workdir: str = Field(".", description="SkyPilot: the project directory synced to the node and installed by setup.")
+    stop_checkpoint_timeout_s: float = Field(
+        180.0, gt=0.0, description="SkyPilot: a cancel waits this long for the node to checkpoint before tearing it down (s)."
+    )
     emulate: str = Field("aws:g5.xlarge", description="Local launcher: CLOUD:INSTANCE whose spot price is metered.")
     preempt_after_s: float | None = Field(None, gt=0.0, description="Local launcher: inject a preemption after this many seconds (s).")
     preempt_after_steps: int | None = Field(None, ge=1, description="Local launcher: inject a preemption after this step (steps).")
@@ -113,6 +133,21 @@ class ComputeConfig(_Frozen):
             raise ValueError(f"emulate {v!r} must look like CLOUD:INSTANCE, e.g. 'aws:g5.xlarge'")
         return v
 
+    @field_validator("regions")
+    @classmethod
+    def _region_form(cls, v: list[str]) -> list[str]:
+        for r in v:
+            if not re.fullmatch(r"(aws|gcp|azure)/[a-z0-9\-]+", r):
+                raise ValueError(f"region {r!r} must look like CLOUD/REGION, e.g. 'aws/us-east-1' or 'gcp/us-central1'")
+        return v
+
+    @model_validator(mode="after")
+    def _regions_in_clouds(self) -> "ComputeConfig":
+        stray = sorted({r.split("/")[0] for r in self.regions} - set(self.clouds))
+        if stray:
+            raise ValueError(f"regions name cloud(s) {stray} that are not in clouds {self.clouds}; add them to clouds or drop those regions")
+        return self
+
 
 class BudgetConfig(_Frozen):
     max_usd: float = Field(10.0, gt=0.0, description="Hard cap on the run's spend: the job is stopped (with a checkpoint) here (USD).")
@@ -126,6 +161,10 @@ class BudgetConfig(_Frozen):
     notify: list[str] = Field(
         default_factory=list,
         description="Prefect notification blocks to alert, as 'block-type/block-name', e.g. 'slack-webhook/ml-alerts'.",
+    )
+    stop_margin_s: float = Field(
+        120.0, ge=0.0,
+        description="Stop this many seconds of burn before the cap, leaving time to checkpoint and release the nodes (s).",
     )
     allow_over_budget: bool = Field(
         False, description="Launch even when the pre-launch estimate exceeds max_usd (the hard cap still applies)."
