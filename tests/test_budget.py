@@ -147,7 +147,7 @@ def test_one_alert_per_threshold_crossed(webhook, tmp_path):
     assert len(alerts["fired"]) == 2
 
 
-def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook, tmp_path):
+def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook, tmp_path, capsys):
     from flows.train_pipeline import train_pipeline
 
     store = tmp_path / "store"
@@ -172,6 +172,13 @@ def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook,
     assert [r["end_reason"] for r in ledger] == ["cancelled", "succeeded"]
     assert out["savings"]["actual_usd"] == pytest.approx(sum(
         (r["ended_unix"] - r["started_unix"]) / 3600 * r["usd_per_hour"] for r in ledger), rel=1e-6)
+    assert out["savings"]["levers_usd"]["spot"] > 0 and out["savings"]["naive_usd"] > out["savings"]["actual_usd"]
+
+    from thrifty.cli import main
+
+    assert main(["report", "--set", f"store={store}"]) == 0
+    printed = capsys.readouterr().out
+    assert "capped" in printed and "1 run(s): spent $" in printed
 
 
 def test_pre_launch_gate_refuses_over_budget_plan(prefect_harness, tmp_path):

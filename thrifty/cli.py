@@ -56,6 +56,58 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_smoke(args: argparse.Namespace) -> int:
+    """The smoke test alone (no Prefect): preprocess if needed, a few CPU steps, a checkpoint round trip."""
+    import json
+
+    from training.cli import resolve_config, setup_logging
+    from training.recipes.base import EmptyDataError
+    from training.smoke import SmokeTestFailed, smoke_test
+
+    setup_logging()
+    try:
+        result = smoke_test(resolve_config(args))
+    except (ConfigError, EmptyDataError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SmokeTestFailed as exc:
+        print(f"smoke test failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """The cross-run savings table of a store, as the `thrifty-savings` Prefect artifact shows it."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from thrifty import savings
+    from thrifty.storage import open_store
+    from training.cli import resolve_config
+
+    try:
+        cfg = resolve_config(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    rows = savings.table(savings.read_all(open_store(cfg.store)))
+    if not rows:
+        print(f"no finished runs with a savings report in {cfg.store}", file=sys.stderr)
+        return 0
+    table = Table(title=f"Savings in {cfg.store}")
+    for col in rows[0]:
+        table.add_column(col, justify="left" if col in ("run", "saved") else "right")
+    for row in rows:
+        table.add_row(*[f"{v:.5f}" if isinstance(v, float) else str(v) for v in row.values()])
+    total_actual = sum(r["actual_usd"] for r in rows)
+    total_naive = sum(r["naive_usd"] for r in rows)
+    Console().print(table)
+    print(f"{len(rows)} run(s): spent ${total_actual:.4f}, the naive way ${total_naive:.4f}, "
+          f"saved ${total_naive - total_actual:.4f}")
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     """Print the resolved RunConfig (or its JSON schema) without running anything."""
     import json
@@ -74,6 +126,13 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """Create the work pool and deploy prefect.yaml's deployments to the server at PREFECT_API_URL."""
+    from deployments.deploy import deploy_all
+
+    return deploy_all(args.project_dir)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from training.cli import add_config_args
 
@@ -88,10 +147,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(p)
     p.set_defaults(func=cmd_run)
 
+    p = sub.add_parser("smoke", help="run the CPU smoke test alone (no Prefect, nothing launched)")
+    add_config_args(p)
+    p.set_defaults(func=cmd_smoke)
+
+    p = sub.add_parser("report", help="print the cross-run savings table of the config's store")
+    add_config_args(p)
+    p.set_defaults(func=cmd_report)
+
     p = sub.add_parser("config", help="print the resolved RunConfig")
     add_config_args(p)
     p.add_argument("--schema", action="store_true", help="print the JSON schema instead")
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("deploy", help="create the work pool and deploy prefect.yaml to the server at PREFECT_API_URL")
+    p.add_argument("--project-dir", default=".", help="the directory holding prefect.yaml (default: the current one)")
+    p.set_defaults(func=cmd_deploy)
     return parser
 
 
