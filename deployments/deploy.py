@@ -1,0 +1,125 @@
+"""Deploy thrifty to a Prefect server: make sure the process work pool exists, then `prefect deploy --all`.
+
+`thrifty deploy` calls :func:`deploy_all`. Each step is one function that raises :class:`DeployError`
+with a message saying what to change; new steps (automations) go at the end of ``deploy_all``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+WORK_POOL = "thrifty-process"  # prefect.yaml's deployments name this pool; a test keeps them in step
+WORK_POOL_TYPE = "process"  # runs flows as subprocesses of the worker: no Docker or cluster needed
+PREFECT_FILE = "prefect.yaml"
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class DeployError(Exception):
+    """A deploy step failed; ``exit_code`` 2 means the user's setup needs a change, 1 that Prefect failed."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def require_api_url() -> str:
+    """The configured Prefect API URL; deploying to a throwaway ephemeral server would be lost on exit."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    if not url:
+        raise DeployError(
+            "no Prefect server to deploy to: PREFECT_API_URL is not set. Start one with `prefect server start` "
+            "and set PREFECT_API_URL (e.g. `export PREFECT_API_URL=http://127.0.0.1:4200/api`), then run again.",
+            EXIT_BAD_INPUT,
+        )
+    return url
+
+
+def read_deployment_pools(project_dir: Path) -> dict[str, str | None]:
+    """Deployment name -> work pool name, as prefect.yaml declares them."""
+    path = project_dir / PREFECT_FILE
+    if not path.is_file():
+        raise DeployError(f"{path} does not exist; run `thrifty deploy` from the project root "
+                          "(the directory holding prefect.yaml) or pass --project-dir", EXIT_BAD_INPUT)
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise DeployError(f"{path} is not valid YAML: {exc}", EXIT_BAD_INPUT) from exc
+    deployments = spec.get("deployments") or []
+    if not deployments:
+        raise DeployError(f"{path} declares no deployments", EXIT_BAD_INPUT)
+    return {d.get("name", "?"): (d.get("work_pool") or {}).get("name") for d in deployments}
+
+
+def check_pools_match(pools: dict[str, str | None], pool: str) -> None:
+    """`prefect deploy --all` ignores --pool, so every deployment must already name the pool we create."""
+    wrong = {name: p for name, p in pools.items() if p != pool}
+    if wrong:
+        listed = ", ".join(f"{name!r} uses {p!r}" for name, p in wrong.items())
+        raise DeployError(f"{PREFECT_FILE}: {listed}, but the work pool being created is {pool!r}; "
+                          f"set work_pool.name to {pool!r} in each deployment", EXIT_BAD_INPUT)
+
+
+def ensure_work_pool(pool: str, url: str) -> bool:
+    """Create the process work pool unless it exists; True when it was created."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+    from prefect.workers.process import ProcessWorker
+
+    with get_client(sync_client=True) as client:
+        unreachable = client.api_healthcheck()
+        if unreachable is not None:
+            raise DeployError(f"cannot reach the Prefect server at {url} ({unreachable}). Start one with "
+                              "`prefect server start` or point PREFECT_API_URL at a running one.", EXIT_BAD_INPUT)
+        try:
+            existing = client.read_work_pool(pool)
+        except ObjectNotFound:
+            client.create_work_pool(WorkPoolCreate(
+                name=pool, type=WORK_POOL_TYPE,
+                # the same template `prefect work-pool create --type process` would store
+                base_job_template=ProcessWorker.get_default_base_job_template(),
+                description="thrifty: flow runs as subprocesses of a `prefect worker start --pool` process",
+            ))
+            return True
+    if existing.type != WORK_POOL_TYPE:
+        raise DeployError(f"work pool {pool!r} exists with type {existing.type!r}, not {WORK_POOL_TYPE!r}; "
+                          f"delete it (`prefect work-pool delete {pool}`) or deploy to another pool", EXIT_BAD_INPUT)
+    return False
+
+
+def run_prefect_deploy(project_dir: Path) -> None:
+    """`prefect --no-prompt deploy --all` in the project, with this interpreter's Prefect; output goes to the terminal."""
+    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"]
+    try:
+        proc = subprocess.run(cmd, cwd=project_dir, check=False)
+    except OSError as exc:
+        raise DeployError(f"could not start `{' '.join(cmd)}`: {exc}") from exc
+    if proc.returncode != 0:
+        raise DeployError(f"`prefect deploy --all` failed with exit code {proc.returncode}; its output is above")
+
+
+def deploy_all(project_dir: str | Path = ".", pool: str = WORK_POOL,
+               echo: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr)) -> int:
+    """Create the work pool if missing and deploy everything in ``project_dir``/prefect.yaml; returns an exit code."""
+    project_dir = Path(project_dir).resolve()
+    try:
+        url = require_api_url()
+        pools = read_deployment_pools(project_dir)
+        check_pools_match(pools, pool)
+        created = ensure_work_pool(pool, url)
+        echo(f"work pool {pool!r} ({WORK_POOL_TYPE}) {'created' if created else 'already exists'} on {url}")
+        run_prefect_deploy(project_dir)
+        # automations (budget cut-off, failure alerts) are applied here, after the deployments exist
+    except DeployError as exc:
+        echo(f"error: {exc}")
+        return exc.exit_code
+    echo(f"deployed {', '.join(sorted(pools))}; serve them with `prefect worker start --pool {pool}`")
+    return EXIT_OK

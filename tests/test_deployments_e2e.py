@@ -1,0 +1,313 @@
+"""prefect.yaml checked against the code, then end to end as a user would: a real Prefect server on
+loopback, `thrifty deploy`, a process worker, and a `train` run started with UI-style parameters."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+from prefect import Flow
+
+from deployments.deploy import WORK_POOL, WORK_POOL_TYPE
+from conftest import REPO, python_env
+from thrifty.config import build_config
+
+BIN = Path(sys.executable).parent
+SPEC = yaml.safe_load((REPO / "prefect.yaml").read_text())
+DEPLOYMENTS = {d["name"]: d for d in SPEC["deployments"]}
+NIGHTLY_CRON, NIGHTLY_TZ = "0 3 * * *", "America/New_York"
+
+
+def load_entrypoint(entrypoint: str) -> Any:
+    path, func = entrypoint.split(":")
+    assert (REPO / path).is_file(), f"entrypoint file {path} does not exist"
+    module = importlib.import_module(".".join(Path(path).with_suffix("").parts))
+    return getattr(module, func)
+
+
+def strings(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from strings(value)
+    elif isinstance(node, str):
+        yield node
+
+
+# ---------------------------------------------------------------- fast: prefect.yaml against the code
+
+
+def test_prefect_yaml_matches_the_code():
+    assert SPEC["name"] == "thrifty" and SPEC["prefect-version"] == "3.8.8"
+    assert set(DEPLOYMENTS) == {"train", "nightly-retrain"}
+    assert "pull" not in SPEC and not any("pull" in d for d in DEPLOYMENTS.values()), \
+        "no pull section: `prefect deploy` records the project directory itself"
+    assert not [s for s in strings(SPEC) if s.startswith(("/", "~"))], "no machine paths in prefect.yaml"
+    for name, dep in DEPLOYMENTS.items():
+        flow = load_entrypoint(dep["entrypoint"])
+        assert isinstance(flow, Flow), f"{name}: {dep['entrypoint']} is not a Prefect flow"
+        assert dep["work_pool"]["name"] == WORK_POOL, f"{name} must use the pool deploy.py creates"
+        params = dep.get("parameters") or {}
+        assert set(params) <= set(flow.parameters.properties), f"{name}: unknown flow parameters"
+        if "config" in params:
+            build_config(params["config"], source=f"prefect.yaml {name}")  # raises ConfigError when invalid
+    nightly = DEPLOYMENTS["nightly-retrain"]
+    assert nightly["parameters"]["config"]["run_name"] == "nightly"
+    assert nightly["concurrency_limit"] == 1
+    [schedule] = nightly["schedules"]
+    assert (schedule["cron"], schedule["timezone"]) == (NIGHTLY_CRON, NIGHTLY_TZ)
+
+
+def test_deploy_without_a_server_says_how_to_start_one(tmp_path):
+    env = {k: v for k, v in python_env().items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")  # no profile that could name a server
+    proc = subprocess.run([str(BIN / "thrifty"), "deploy"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "prefect server start" in proc.stderr and "PREFECT_API_URL" in proc.stderr
+
+
+# ---------------------------------------------------------------- slow: a real server, deploy, worker, run
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, start time) for every process, from /proc."""
+    table = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            table[int(stat.parent.name)] = (int(fields[1]), fields[19])
+    return table
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """The process tree under ``pid``: pid -> start time (so a reused pid is never signalled)."""
+    table = _proc_table()
+    found, todo = {}, [pid]
+    while todo:
+        parent = todo.pop()
+        for child, (ppid, started) in table.items():
+            if ppid == parent and child not in found:
+                found[child] = started
+                todo.append(child)
+    return found
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:
+    """SIGTERM the process and everything it started, SIGKILL what is left after ``timeout_s``."""
+    tree = descendants(proc.pid) if proc.poll() is None else {}
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+    def alive() -> list[int]:
+        table = _proc_table()
+        return [pid for pid, started in tree.items() if pid in table and table[pid][1] == started]
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in alive():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout_s
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def tail(path: Path, chars: int = 4000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
+
+
+class Server:
+    """`prefect server start` on 127.0.0.1 with a private PREFECT_HOME; ``env`` is what its clients use."""
+
+    def __init__(self, home: Path):
+        self.home = home
+        port = free_port()
+        self.api_url = f"http://127.0.0.1:{port}/api"
+        self.env = {
+            **python_env(),
+            "PREFECT_HOME": str(home / "prefect"),
+            "PREFECT_API_URL": self.api_url,
+            "PREFECT_SERVER_API_HOST": "127.0.0.1",
+            "PREFECT_SERVER_API_PORT": str(port),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "false",  # no UI bundle to copy at start: a faster server
+            "DO_NOT_TRACK": "1",
+            "PREFECT_WORKER_QUERY_SECONDS": "1",  # the worker picks up a new run within a second, not 10
+        }
+        self.procs: list[subprocess.Popen] = []
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.home / f"{name}.log", "w")
+        proc = subprocess.Popen([str(BIN / "prefect"), *args], cwd=REPO, env=self.env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def wait_healthy(self, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"prefect server exited {proc.returncode}:\n{tail(self.home / 'server.log')}"
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise AssertionError(f"prefect server not healthy after {timeout_s:.0f} s:\n{tail(self.home / 'server.log')}")
+
+    def run(self, *cmd: str, timeout_s: float = 180.0) -> subprocess.CompletedProcess:
+        return subprocess.run(list(cmd), cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout_s)
+
+    @contextmanager
+    def client(self) -> Iterator[Any]:
+        """A sync Prefect client on this server, whatever server the rest of the test session uses."""
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: self.api_url}), get_client(sync_client=True) as client:
+            yield client
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):  # the worker before the server it talks to
+            stop(proc)
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory) -> Iterator[Server]:
+    """A fresh server with `thrifty deploy` run in the repo root, as a user would."""
+    server = Server(tmp_path_factory.mktemp("prefect-e2e"))
+    yaml_before = (REPO / "prefect.yaml").read_text()
+    try:
+        server.wait_healthy(server.spawn("server", "server", "start", "--host", "127.0.0.1",
+                                         "--port", server.env["PREFECT_SERVER_API_PORT"]))
+        out = server.run(str(BIN / "thrifty"), "deploy")
+        assert out.returncode == 0, f"thrifty deploy failed:\n{out.stdout}\n{out.stderr}"
+        assert f"work pool '{WORK_POOL}' ({WORK_POOL_TYPE}) created" in out.stderr
+        assert (REPO / "prefect.yaml").read_text() == yaml_before, "deploy must not rewrite prefect.yaml"
+        yield server
+    finally:
+        server.stop_all()
+
+
+@pytest.fixture(scope="module")
+def worker(deployed: Server) -> Iterator[subprocess.Popen]:
+    proc = deployed.spawn("worker", "worker", "start", "--pool", WORK_POOL)
+    yield proc
+    stop(proc)
+
+
+@pytest.fixture
+def repo_logs_cleaned() -> Iterator[str]:
+    """A unique run name; the local launcher's job logs for it (under the repo's .thrifty/) are removed after."""
+    run_name = f"e2e-{uuid.uuid4().hex[:8]}"
+    created = [p for p in (REPO / ".thrifty", REPO / ".thrifty" / "logs") if not p.exists()]
+    yield run_name
+    for job_dir in (REPO / ".thrifty" / "logs").glob(f"local-{run_name}-*"):
+        shutil.rmtree(job_dir, ignore_errors=True)
+    for path in reversed(created):
+        if path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_deployments_registered_on_the_server(deployed):
+    with deployed.client() as client:
+        pool = client.read_work_pool(WORK_POOL)
+        train = client.read_deployment_by_name("thrifty-train/train")
+        nightly = client.read_deployment_by_name("thrifty-train/nightly-retrain")
+    assert pool.type == WORK_POOL_TYPE
+    # no pull section in prefect.yaml: `prefect deploy` recorded the directory it ran in
+    assert train.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
+    assert train.work_pool_name == nightly.work_pool_name == WORK_POOL
+    assert not train.schedules and train.global_concurrency_limit is None
+    [schedule] = nightly.schedules
+    assert (schedule.schedule.cron, schedule.schedule.timezone) == (NIGHTLY_CRON, NIGHTLY_TZ)
+    assert schedule.active
+    # deployment.concurrency_limit is always None in Prefect 3: the limit lives on a global concurrency limit
+    assert nightly.global_concurrency_limit is not None and nightly.global_concurrency_limit.limit == 1
+    assert nightly.parameters["config"]["run_name"] == "nightly"
+    assert train.enforce_parameter_schema and nightly.enforce_parameter_schema
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_server_rejects_a_bad_config_before_any_worker_sees_it(deployed):
+    # the server checks parameters against RunConfig's JSON schema, as the UI form does
+    out = deployed.run(str(BIN / "prefect"), "deployment", "run", "thrifty-train/train",
+                       "--param", 'config={"train": {"max_epochs": 0}}')
+    assert out.returncode != 0
+    assert "config.train.max_epochs" in out.stdout + out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_train_deployment_runs_on_a_worker_and_survives_a_preemption(deployed, worker, tmp_path, repo_logs_cleaned):
+    run_name, store = repo_logs_cleaned, tmp_path / "store"
+    config = {  # what the UI's RunConfig form sends: a partial config, the rest are defaults
+        "run_name": run_name, "recipe": "digits", "store": str(store),
+        "train": {"max_epochs": 2, "micro_batch": 32, "precision": "fp32", "checkpoint_every": 10, "log_every": 5},
+        "compute": {"preempt_after_steps": 20, "preempt_grace_s": 20},
+    }
+    out = deployed.run(str(BIN / "prefect"), "deployment", "run", "thrifty-train/train",
+                       "--param", f"config={json.dumps(config)}", "--param", "poll_s=0.5")
+    assert out.returncode == 0, f"prefect deployment run failed:\n{out.stdout}\n{out.stderr}"
+    match = re.search(r"UUID: ([0-9a-f\-]{36})", out.stdout)
+    assert match, out.stdout
+    flow_run_id = match.group(1)
+
+    deadline = time.monotonic() + 240
+    with deployed.client() as client:
+        while True:
+            flow_run = client.read_flow_run(flow_run_id)
+            if flow_run.state is not None and flow_run.state.is_final():
+                break
+            assert worker.poll() is None, f"worker exited {worker.returncode}:\n{tail(deployed.home / 'worker.log')}"
+            assert time.monotonic() < deadline, (f"flow run still {flow_run.state_name} after 4 min:\n"
+                                                 f"{tail(deployed.home / 'worker.log')}")
+            time.sleep(1.0)
+    assert flow_run.state.is_completed(), \
+        f"flow run ended {flow_run.state_name}: {flow_run.state.message}\n{tail(deployed.home / 'worker.log')}"
+    assert flow_run.name == run_name  # flow_run_name="{config.run_name}"
+    assert flow_run.parameters["config"]["store"] == str(store)
+
+    run_dir = store / "runs" / run_name
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumes"] == 1
+    assert 0.0 <= summary["final_metrics"]["val_accuracy"] <= 1.0
+    rows = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    assert [r["end_reason"] for r in rows] == ["preempted", "succeeded"]
