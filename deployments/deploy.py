@@ -1,7 +1,7 @@
 """Deploy thrifty to a Prefect server: make sure the process work pool exists, then `prefect deploy --all`.
 
 `thrifty deploy` calls :func:`deploy_all`. Each step is one function that raises :class:`DeployError`
-with a message saying what to change; new steps (automations) go at the end of ``deploy_all``.
+with a message saying what to change. The last step installs deployments/automations.yaml.
 """
 
 from __future__ import annotations
@@ -106,8 +106,27 @@ def run_prefect_deploy(project_dir: Path) -> None:
         raise DeployError(f"`prefect deploy --all` failed with exit code {proc.returncode}; its output is above")
 
 
+def install_automations(alerts_block: str | None) -> list[str]:
+    """Budget cut-off and failure alerts from deployments/automations.yaml (replaced by name: idempotent)."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    from deployments.automations import install
+
+    async def go() -> list[str]:
+        async with get_client() as client:
+            return await install(client, notify_block=alerts_block)
+
+    try:
+        return asyncio.run(go())
+    except Exception as exc:  # noqa: BLE001 - reported as a deploy failure with the cause
+        raise DeployError(f"installing automations failed: {exc}") from exc
+
+
 def deploy_all(project_dir: str | Path = ".", pool: str = WORK_POOL,
-               echo: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr)) -> int:
+               echo: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr),
+               alerts_block: str | None = None) -> int:
     """Create the work pool if missing and deploy everything in ``project_dir``/prefect.yaml; returns an exit code."""
     project_dir = Path(project_dir).resolve()
     try:
@@ -117,7 +136,8 @@ def deploy_all(project_dir: str | Path = ".", pool: str = WORK_POOL,
         created = ensure_work_pool(pool, url)
         echo(f"work pool {pool!r} ({WORK_POOL_TYPE}) {'created' if created else 'already exists'} on {url}")
         run_prefect_deploy(project_dir)
-        # automations (budget cut-off, failure alerts) are applied here, after the deployments exist
+        installed = install_automations(alerts_block)
+        echo(f"automations installed: {', '.join(installed) or 'none'}")
     except DeployError as exc:
         echo(f"error: {exc}")
         return exc.exit_code

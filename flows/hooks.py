@@ -7,6 +7,7 @@ never blocks for long (each notification has a timeout).
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import logging
@@ -44,7 +45,9 @@ def _logger(flow: Any, flow_run: Any) -> logging.Logger | logging.LoggerAdapter:
 
 def _config(flow_run: Any) -> RunConfig:
     raw = flow_run.parameters.get("config", {})
-    return raw if isinstance(raw, RunConfig) else RunConfig.model_validate(raw or {})
+    cfg = raw if isinstance(raw, RunConfig) else RunConfig.model_validate(raw or {})
+    when = flow_run.expected_start_time  # the flow resolves '{date}' from the same scheduled time
+    return cfg.for_date(when.date() if when else dt.datetime.now(dt.timezone.utc).date())
 
 
 def running_message(cfg: RunConfig) -> str:

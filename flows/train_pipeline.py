@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -16,12 +17,21 @@ from thrifty.config import RunConfig
 from thrifty.preflight import check_before_spending
 
 
+def scheduled_date() -> dt.date:
+    """The date this flow run was scheduled for (UTC); hooks resolve '{date}' from the same field."""
+    from prefect.runtime import flow_run
+
+    when = flow_run.scheduled_start_time
+    return when.date() if when else dt.datetime.now(dt.timezone.utc).date()
+
+
 @flow(name="thrifty-train", flow_run_name="{config.run_name}", log_prints=True,
       on_running=[announce_projection], on_completion=[post_final_cost], on_failure=[post_final_cost],
       on_crashed=[post_final_cost], on_cancellation=[post_final_cost])
 def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0) -> dict[str, Any]:
     """Train one run the cheap way. `config` is the RunConfig: the Prefect UI draws its form from it."""
     logger = get_run_logger()
+    config = config.for_date(scheduled_date())  # 'nightly-{date}' -> a new run each night
     check_before_spending(config)
 
     prep_state = preprocess(config, return_state=True)

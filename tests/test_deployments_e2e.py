@@ -7,7 +7,6 @@ import importlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -69,7 +68,7 @@ def test_prefect_yaml_matches_the_code():
         if "config" in params:
             build_config(params["config"], source=f"prefect.yaml {name}")  # raises ConfigError when invalid
     nightly = DEPLOYMENTS["nightly-retrain"]
-    assert nightly["parameters"]["config"]["run_name"] == "nightly"
+    assert nightly["parameters"]["config"]["run_name"] == "nightly-{date}"
     assert nightly["concurrency_limit"] == 1
     [schedule] = nightly["schedules"]
     assert (schedule["cron"], schedule["timezone"]) == (NIGHTLY_CRON, NIGHTLY_TZ)
@@ -230,19 +229,6 @@ def worker(deployed: Server) -> Iterator[subprocess.Popen]:
     stop(proc)
 
 
-@pytest.fixture
-def repo_logs_cleaned() -> Iterator[str]:
-    """A unique run name; the local launcher's job logs for it (under the repo's .thrifty/) are removed after."""
-    run_name = f"e2e-{uuid.uuid4().hex[:8]}"
-    created = [p for p in (REPO / ".thrifty", REPO / ".thrifty" / "logs") if not p.exists()]
-    yield run_name
-    for job_dir in (REPO / ".thrifty" / "logs").glob(f"local-{run_name}-*"):
-        shutil.rmtree(job_dir, ignore_errors=True)
-    for path in reversed(created):
-        if path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_deployments_registered_on_the_server(deployed):
@@ -250,6 +236,7 @@ def test_deployments_registered_on_the_server(deployed):
         pool = client.read_work_pool(WORK_POOL)
         train = client.read_deployment_by_name("thrifty-train/train")
         nightly = client.read_deployment_by_name("thrifty-train/nightly-retrain")
+        cutoff = client.read_automations_by_name("thrifty-budget-cutoff")
     assert pool.type == WORK_POOL_TYPE
     # no pull section in prefect.yaml: `prefect deploy` recorded the directory it ran in
     assert train.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
@@ -260,8 +247,10 @@ def test_deployments_registered_on_the_server(deployed):
     assert schedule.active
     # deployment.concurrency_limit is always None in Prefect 3: the limit lives on a global concurrency limit
     assert nightly.global_concurrency_limit is not None and nightly.global_concurrency_limit.limit == 1
-    assert nightly.parameters["config"]["run_name"] == "nightly"
+    assert nightly.parameters["config"]["run_name"] == "nightly-{date}"
     assert train.enforce_parameter_schema and nightly.enforce_parameter_schema
+    # thrifty deploy installed the budget cut-off automation (the failure alert needs a notification block)
+    assert len(cutoff) == 1 and cutoff[0].actions[0].type == "cancel-flow-run"
 
 
 @pytest.mark.slow
@@ -276,8 +265,8 @@ def test_server_rejects_a_bad_config_before_any_worker_sees_it(deployed):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_train_deployment_runs_on_a_worker_and_survives_a_preemption(deployed, worker, tmp_path, repo_logs_cleaned):
-    run_name, store = repo_logs_cleaned, tmp_path / "store"
+def test_train_deployment_runs_on_a_worker_and_survives_a_preemption(deployed, worker, tmp_path):
+    run_name, store = f"e2e-{uuid.uuid4().hex[:8]}", tmp_path / "store"
     config = {  # what the UI's RunConfig form sends: a partial config, the rest are defaults
         "run_name": run_name, "recipe": "digits", "store": str(store),
         "train": {"max_epochs": 2, "micro_batch": 32, "precision": "fp32", "checkpoint_every": 10, "log_every": 5},
@@ -311,3 +300,4 @@ def test_train_deployment_runs_on_a_worker_and_survives_a_preemption(deployed, w
     assert 0.0 <= summary["final_metrics"]["val_accuracy"] <= 1.0
     rows = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
     assert [r["end_reason"] for r in rows] == ["preempted", "succeeded"]
+    assert sorted(p.name for p in (run_dir / "logs").glob("*/attempt-*.log")) == ["attempt-1.log", "attempt-2.log"]

@@ -126,11 +126,36 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Print the SkyPilot task YAML and the estimated cost of its cheapest candidates (offline)."""
+    from thrifty.launchers.skypilot import plan_text
+    from training.cli import resolve_config
+
+    try:
+        print(plan_text(resolve_config(args), source=args.source), end="")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+def cmd_prices(args: argparse.Namespace) -> int:
+    """Print the price table (instances, or storage tiers), filtered by accelerator and cloud."""
+    from thrifty.pricing import PricingError, prices_text
+
+    try:
+        print(prices_text(args.accelerator, args.cloud, args.storage, args.source), end="")
+    except PricingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Create the work pool and deploy prefect.yaml's deployments to the server at PREFECT_API_URL."""
     from deployments.deploy import deploy_all
 
-    return deploy_all(args.project_dir)
+    return deploy_all(args.project_dir, alerts_block=args.alerts_block)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,8 +185,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schema", action="store_true", help="print the JSON schema instead")
     p.set_defaults(func=cmd_config)
 
+    p = sub.add_parser("plan", help="print the SkyPilot task YAML and the estimated cost of its cheapest candidates (offline)")
+    add_config_args(p)
+    p.add_argument("--source", choices=["auto", "offline", "skypilot"], default="auto",
+                   help="prices: SkyPilot's catalog when on this machine (auto), the shipped table, or the catalog only")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("prices", help="print $/hour by instance (spot and on-demand), or storage tiers in $/GB-month")
+    p.add_argument("--accelerator", "-a", help="only this accelerator, NAME or NAME:COUNT (e.g. A100 or A100:8)")
+    p.add_argument("--cloud", action="append", choices=["aws", "gcp", "azure"], help="only this cloud (repeatable)")
+    p.add_argument("--storage", action="store_true", help="storage tier prices ($/GB-month) instead of instances")
+    p.add_argument("--source", choices=["auto", "offline", "skypilot"], default="auto",
+                   help="SkyPilot's catalog when on this machine (auto), the shipped table, or the catalog only")
+    p.set_defaults(func=cmd_prices)
+
     p = sub.add_parser("deploy", help="create the work pool and deploy prefect.yaml to the server at PREFECT_API_URL")
     p.add_argument("--project-dir", default=".", help="the directory holding prefect.yaml (default: the current one)")
+    p.add_argument("--alerts-block", default=None, metavar="TYPE/NAME",
+                   help="notification block for failure alerts (default: custom-webhook/thrifty-alerts, if it exists)")
     p.set_defaults(func=cmd_deploy)
     return parser
 

@@ -7,6 +7,7 @@ Frozen, ``extra="forbid"``, every field documented with its unit. Load it with
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from pathlib import Path
@@ -187,34 +188,32 @@ class BudgetConfig(_Frozen):
 
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-_NAME = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}"
-_RECIPE = r"[A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*"
+# Forms checked by pattern, so they are in the JSON schema and the Prefect UI form enforces them too;
+# each pattern's user-facing wording for errors:
+RUN_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.\-]|\{date\}){0,62}$"
+RECIPE_PATTERN = r"^([A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"
+PATTERN_HELP = {
+    RUN_NAME_PATTERN: "must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit; "
+                      "'{date}' is replaced by the run's scheduled date (YYYYMMDD), e.g. 'nightly-{date}'",
+    RECIPE_PATTERN: "must be a built-in name (digits, codelm) or 'package.module:function'",
+}
 
 
 class RunConfig(_Frozen):
     """One training run: what to train, where to keep it, what to rent, and what it may cost."""
 
-    run_name: str = Field("digits-demo", description="The run id: checkpoints live under <store>/runs/<run_name>/.")
-    recipe: str = Field("digits", description="digits | codelm | 'package.module:function' returning a Recipe.")
+    run_name: str = Field(
+        "digits-demo", pattern=RUN_NAME_PATTERN,
+        description="The run id and resume key: checkpoints live under <store>/runs/<run_name>/. "
+        "'{date}' becomes the run's scheduled date, so a nightly deployment trains a new run each night.",
+    )
+    recipe: str = Field("digits", pattern=RECIPE_PATTERN,
+                        description="digits | codelm | 'package.module:function' returning a Recipe.")
     recipe_params: dict[str, Any] = Field(default_factory=dict, description="Recipe options (validated by the recipe).")
     store: str = Field(".thrifty/store", description="Where shards, checkpoints and ledgers go: a path, file://, s3://, gs://, az://.")
     train: TrainConfig = Field(default_factory=TrainConfig)
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
-
-    @field_validator("run_name")
-    @classmethod
-    def _run_name(cls, v: str) -> str:
-        if not re.fullmatch(_NAME, v):
-            raise ValueError("run_name must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
-        return v
-
-    @field_validator("recipe")
-    @classmethod
-    def _recipe(cls, v: str) -> str:
-        if not re.fullmatch(_RECIPE, v):
-            raise ValueError("recipe must be a built-in name (digits, codelm) or 'package.module:function'")
-        return v
 
     @field_validator("store")
     @classmethod
@@ -223,6 +222,12 @@ class RunConfig(_Frozen):
         if scheme not in ("file", "s3", "gs", "az"):
             raise ValueError(f"store scheme {scheme!r} is not supported; use a path, file://, s3://, gs:// or az://")
         return v
+
+    def for_date(self, when: dt.date) -> "RunConfig":
+        """This config with '{date}' in run_name replaced by ``when`` (YYYYMMDD)."""
+        if "{date}" not in self.run_name:
+            return self
+        return self.model_copy(update={"run_name": self.run_name.replace("{date}", when.strftime("%Y%m%d"))})
 
     def to_env_json(self) -> str:
         """The config as compact JSON, for the environment of a training node."""
@@ -238,6 +243,8 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
             parts.append(f"'{loc}' is not a known setting (remove it or check its spelling)")
+        elif e["type"] == "string_pattern_mismatch" and e["ctx"]["pattern"] in PATTERN_HELP:
+            parts.append(f"'{loc}' {PATTERN_HELP[e['ctx']['pattern']]} (got {e['input']!r})")
         else:
             msg = e["msg"].removeprefix("Value error, ")
             given = e.get("input")

@@ -8,6 +8,7 @@ and everything else that moves lives in the checkpoint.
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import contextlib
 import json
 import logging
@@ -199,6 +200,7 @@ def _check_compatible(cfg: RunConfig, saved_cfg: dict[str, Any], run_id: str) ->
 
 def train(cfg: RunConfig, run_id: str | None = None) -> TrainResult:
     """Run (or resume) training for ``cfg`` until it completes, stops early, or is told to stop."""
+    cfg = cfg.for_date(dt.datetime.now(dt.timezone.utc).date())  # flows resolve '{date}' before this
     run_id = run_id or os.environ.get("THRIFTY_RUN_ID") or cfg.run_name
     dist = Dist.from_env()
     tc = cfg.train

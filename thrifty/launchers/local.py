@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -22,7 +23,7 @@ from pathlib import Path
 from thrifty.config import RunConfig
 from thrifty.launchers.base import Attempt, JobState, JobStatus, LaunchError, node_env
 from thrifty.pricing import quote_emulated
-from thrifty.runs import latest_progress, read_metrics
+from thrifty.runs import latest_progress, read_metrics, run_key
 from thrifty.storage import open_store
 
 log = logging.getLogger("thrifty.launch")
@@ -140,14 +141,15 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 class LocalLauncher:
     """Runs jobs on this machine; one supervisor thread per job, in this process."""
 
-    def __init__(self, log_root: str | Path = ".thrifty/logs"):
-        self.log_root = Path(log_root)
+    def __init__(self) -> None:
         self._jobs: dict[str, _Job] = {}
 
     def submit(self, cfg: RunConfig, run_id: str) -> str:
         quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)  # an unknown instance fails here, not mid-job
         job_id = f"local-{run_id}-{uuid.uuid4().hex[:8]}"
-        job = _Job(job_id, cfg, run_id, self.log_root / job_id)
+        # attempt logs beside the run in a local store (runs/<id>/logs/<job>/), else in the temp directory
+        log_dir = open_store(cfg.store).local_path(run_key(run_id, "logs", job_id))
+        job = _Job(job_id, cfg, run_id, log_dir or Path(tempfile.gettempdir()) / "thrifty-logs" / job_id)
         self._jobs[job_id] = job
         job.thread.start()
         return job_id
