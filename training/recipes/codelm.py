@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from training.recipes.base import Dataset, Recipe, RecipeParams, StepOutput
+from training.recipes.base import Dataset, EmptyDataError, Recipe, RecipeParams, StepOutput
 
 EOT = "<|endoftext|>"  # separates files in the token stream; id 0 in the vocabulary
 DEFAULT_EXCLUDE = ("site-packages", "test", "tests", "idlelib", "lib2to3", "encodings", "__pycache__")
@@ -164,12 +164,24 @@ def preprocess(params: CodeLMParams) -> Dataset:
             val_names.append(rel)
         else:
             train_texts.append(text)
+    if not train_texts or not val_texts:
+        raise EmptyDataError(
+            f"codelm selected {len(files)} stdlib files (max_files={params.max_files}, max_bytes={params.max_bytes}) "
+            f"and every {params.val_every}th goes to validation, so {'training' if not train_texts else 'validation'} "
+            "gets none. Raise recipe_params.max_bytes / max_files or lower recipe_params.val_every."
+        )
     tok = train_tokenizer(train_texts, params.vocab_size, params.min_frequency)
     eot_id = tok.token_to_id(EOT)
     vocab = tok.get_vocab_size()
     width = params.seq_len + 1
     train = _windows(_stream(tok, train_texts, eot_id), width)
     val = _windows(_stream(tok, val_texts, eot_id), width)
+    for split, arr in (("train", train), ("val", val)):
+        if len(arr) == 0:
+            raise EmptyDataError(
+                f"codelm's {split} files hold fewer than seq_len + 1 = {width} tokens. "
+                "Raise recipe_params.max_bytes / max_files or lower recipe_params.seq_len."
+            )
     return Dataset(
         splits={"train": {"tokens": train}, "val": {"tokens": val}},
         meta={
