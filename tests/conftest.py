@@ -52,3 +52,7 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=60):
         yield
+
+
+# object-store stand-ins (moto, gcp-storage-emulator, Azurite): one of each per session, started on first use
+from stores import azure_standin, gcs_standin, s3_standin  # noqa: E402,F401

@@ -5,6 +5,7 @@ from __future__ import annotations
 from thrifty.config import ConfigError, RunConfig
 from thrifty.launchers.base import make_launcher
 from thrifty.pricing import PricingError, quote_emulated
+from thrifty.storage import StoreError, check_store
 
 
 def check_before_spending(cfg: RunConfig) -> None:
@@ -15,3 +16,11 @@ def check_before_spending(cfg: RunConfig) -> None:
             quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)
         except PricingError as exc:
             raise ConfigError(f"'compute.emulate': {exc} Pick one of those for the local launcher to meter.") from None
+    elif cfg.compute.launcher == "skypilot":
+        from thrifty.launchers.skypilot import preflight as skypilot_preflight
+
+        skypilot_preflight(cfg)  # offline: prices, credentials present, a task SkyPilot's parser accepts
+    try:  # last: the one check here that talks to a service (a probe object written, read and removed)
+        check_store(cfg.store)
+    except StoreError as exc:
+        raise ConfigError(f"'store': {exc}") from None

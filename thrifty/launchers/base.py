@@ -46,6 +46,7 @@ class Attempt:
     ended_unix: float | None = None
     end_reason: str | None = None  # succeeded | preempted | failed | cancelled; None while running
     exit_code: int | None = None
+    task_id: str | None = None  # SkyPilot's SKYPILOT_TASK_ID (stable across a job's recoveries); None locally
 
     def hours(self, now: float | None = None) -> float:
         end = self.ended_unix if self.ended_unix is not None else (now or time.time())
@@ -89,6 +90,8 @@ def make_launcher(cfg: RunConfig) -> Launcher:
         from thrifty.launchers.local import LocalLauncher
 
         return LocalLauncher()
-    raise ConfigError(
-        f"'compute.launcher': {cfg.compute.launcher!r} is not available in this version; use compute.launcher=local"
-    )
+    if cfg.compute.launcher == "skypilot":
+        from thrifty.launchers.skypilot import SkyPilotLauncher
+
+        return SkyPilotLauncher(cfg)
+    raise ConfigError(f"'compute.launcher': {cfg.compute.launcher!r} is not a launcher; use local or skypilot")

@@ -1,0 +1,223 @@
+"""Wire-protocol stand-ins on loopback for the object stores, one each per test session, and env pointing SDKs at them.
+
+moto's ThreadedMotoServer (S3) and gcp-storage-emulator (GCS) run in threads of the test process;
+Azurite (Azure Blob) runs as a node subprocess from ``.ci/node_modules`` (``npm ci --prefix .ci``,
+done here when missing). tests/conftest.py registers the fixtures once for the session. Nothing may reach
+the internet or a cloud metadata address: every env below carries dummy credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from http import HTTPStatus
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CI_TOOLS = REPO / ".ci"
+AZURITE_INSTALL = f"npm ci --prefix {CI_TOOLS}"
+# Azurite's well-known development account (public, documented by Microsoft; it guards nothing)
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+# env vars that could send an SDK somewhere other than the stand-in; every store env removes them
+_CLOUD_ENV = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ROLE_ARN",
+              "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+              "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+              "GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST", "AZURE_STORAGE_CONNECTION_STRING",
+              "AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_KEY")
+
+
+def isolated_env(**extra: str) -> dict[str, str]:
+    """Env settings common to every store test: no real config files, no metadata servers, nothing inherited."""
+    home = Path(os.environ.get("HOME", tempfile.gettempdir()))
+    env = {k: "" for k in _CLOUD_ENV}
+    env.update({
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": str(home / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-aws-credentials"),
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "NO_GCE_CHECK": "True",  # google-auth: never probe the GCE metadata server
+        "GCE_METADATA_HOST": "127.0.0.1:9",  # and if something did, it would hit a closed loopback port
+        "GCE_METADATA_IP": "127.0.0.1:9",
+    })
+    env.update(extra)
+    return env
+
+
+def apply_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    for k, v in env.items():
+        if v == "":
+            monkeypatch.delenv(k, raising=False)
+        else:
+            monkeypatch.setenv(k, v)
+
+
+def child_env(base: dict[str, str], env: dict[str, str]) -> dict[str, str]:
+    """``base`` with ``env`` applied, for a subprocess ("" removes a variable)."""
+    out = dict(base)
+    for k, v in env.items():
+        if v == "":
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+@dataclass
+class S3StandIn:
+    endpoint: str
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return isolated_env(**{"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                               "AWS_SECRET_ACCESS_KEY": "testing", **extra})
+
+    def client(self, service: str = "s3", key_id: str = "testing", secret: str = "testing"):
+        import boto3
+
+        return boto3.session.Session(aws_access_key_id=key_id, aws_secret_access_key=secret,
+                                     region_name="us-east-1").client(service, endpoint_url=self.endpoint)
+
+
+@dataclass
+class GCSStandIn:
+    host: str  # host:port, the form STORAGE_EMULATOR_HOST takes with a scheme
+    server: object  # gcp_storage_emulator.server.Server, for fixtures that patch its handlers
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return isolated_env(**{"STORAGE_EMULATOR_HOST": f"http://{self.host}", "GOOGLE_CLOUD_PROJECT": "thrifty-test",
+                               **extra})
+
+    def client(self):
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        return storage.Client(project="thrifty-test", credentials=AnonymousCredentials(),
+                              client_options={"api_endpoint": f"http://{self.host}"})
+
+
+@dataclass
+class AzureStandIn:
+    blob_endpoint: str
+
+    def connection_string(self, key: str = AZURITE_KEY) -> str:
+        return (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={key};"
+                f"BlobEndpoint={self.blob_endpoint};")
+
+    def env(self, key: str = AZURITE_KEY, **extra: str) -> dict[str, str]:
+        return isolated_env(**{"AZURE_STORAGE_CONNECTION_STRING": self.connection_string(key), **extra})
+
+    def client(self):
+        from azure.storage.blob import BlobServiceClient
+
+        return BlobServiceClient.from_connection_string(self.connection_string())
+
+
+@pytest.fixture(scope="session")
+def s3_standin():
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield S3StandIn(f"http://{host}:{port}")
+    finally:
+        server.stop()
+
+
+def _rewrite_honouring_storage_class(real):
+    """The emulator's rewrite copies an object but drops the storageClass asked for (GCS sets it): add that step."""
+
+    def rewrite(request, response, storage, *args, **kwargs):
+        body = request.data if isinstance(request.data, dict) else {}
+        real(request, response, storage, *args, **kwargs)
+        if body.get("storageClass") and response.status == HTTPStatus.OK:
+            bucket, name = request.params["dest_bucket_name"], request.params["dest_object_id"]
+            obj = {**storage.get_file_obj(bucket, name), "storageClass": body["storageClass"]}
+            storage.patch_object(bucket, name, obj)
+            response.json({**json.loads(response._content), "resource": obj})
+
+    return rewrite
+
+
+@pytest.fixture(scope="session")
+def gcs_standin():
+    from gcp_storage_emulator import server as emulator
+
+    routes = [handlers for regex, handlers in emulator.HANDLERS if regex.endswith("/rewriteTo/b/"
+              r"(?P<dest_bucket_name>[-.\w]+)/o/(?P<dest_object_id>.*[^/]+)$")]
+    assert routes, "gcp-storage-emulator's rewrite route moved: update the storage-class patch here"
+    originals = [handlers[emulator.POST] for handlers in routes]
+    for handlers, real in zip(routes, originals, strict=True):
+        handlers[emulator.POST] = _rewrite_honouring_storage_class(real)
+    server = emulator.create_server("127.0.0.1", 0, in_memory=True)
+    server.start()
+    host, port = server._api._httpd.server_address[:2]  # port 0: the kernel picked one
+    try:
+        yield GCSStandIn(f"{host}:{port}", server)
+    finally:
+        server.stop()
+        for handlers, real in zip(routes, originals, strict=True):
+            handlers[emulator.POST] = real
+
+
+def azurite_bin() -> Path:
+    """The azurite-blob launcher: $AZURITE_BIN, else .ci/node_modules (installed with npm ci if missing)."""
+    if os.environ.get("AZURITE_BIN"):
+        given = Path(os.environ["AZURITE_BIN"])
+        if not os.access(given, os.X_OK):
+            pytest.fail(f"AZURITE_BIN={given} is not an executable azurite-blob; unset it to use .ci/node_modules")
+        return given
+    local = CI_TOOLS / "node_modules" / ".bin" / "azurite-blob"
+    if not local.exists():
+        if shutil.which("npm") is None:
+            pytest.fail(f"Azurite (the Azure Blob stand-in) is not installed and npm is missing: install Node.js 18+ "
+                        f"and run `{AZURITE_INSTALL}`, or point AZURITE_BIN at an azurite-blob executable")
+        done = subprocess.run(AZURITE_INSTALL.split() + ["--no-audit", "--no-fund", "--loglevel=error"],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0 or not local.exists():
+            pytest.fail(f"installing Azurite with `{AZURITE_INSTALL}` failed:\n{done.stderr[-2000:]}")
+    return local
+
+
+@pytest.fixture(scope="session")
+def azure_standin(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("azurite")
+    log = open(workdir / "azurite.log", "w+")
+    proc = subprocess.Popen(
+        [str(azurite_bin()), "--blobHost", "127.0.0.1", "--blobPort", "0", "--inMemoryPersistence",
+         "--skipApiVersionCheck", "--silent"],
+        cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        endpoint = None
+        while endpoint is None:
+            text = (workdir / "azurite.log").read_text()
+            m = re.search(r"listens on (http://127\.0\.0\.1:\d+)", text)
+            if m:
+                endpoint = m.group(1)
+            elif proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"Azurite did not start (exit {proc.poll()}):\n{text[-2000:]}")
+            else:
+                time.sleep(0.05)
+        yield AzureStandIn(f"{endpoint}/{AZURITE_ACCOUNT}")
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:  # a graceful stop waits ~7 s for the SDKs' idle keep-alive connections; in memory, nothing is lost
+                proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()

@@ -1,0 +1,485 @@
+"""The store contract, run unchanged on file://, s3:// (moto), gs:// (gcp-storage-emulator) and az:// (Azurite),
+and the preflight check that fails a misconfigured store before anything is spent."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from stores import AZURITE_ACCOUNT, AZURITE_KEY, REPO, apply_env, child_env, isolated_env
+from thrifty.config import ConfigError, RunConfig
+from thrifty.preflight import check_before_spending
+from thrifty.storage import NotFound, StoreError, check_store, open_store
+
+pytestmark = pytest.mark.slow
+
+PART_BYTES = 5 << 20  # S3's smallest multipart part; also the GCS chunk and the Azure block in these tests
+BIG_BYTES = 12 << 20  # above GCS's 8 MiB single-request limit and more than two parts everywhere
+
+
+@pytest.fixture(autouse=True)
+def loopback_only(monkeypatch):
+    """Every connection or name lookup these tests make stays on this machine: no cloud, no metadata server.
+
+    An attempt elsewhere is refused as an unreachable network would refuse it, and fails the test at teardown
+    (an SDK may wrap or swallow the refusal)."""
+    import socket
+
+    attempts: list[str] = []
+
+    def local(host) -> bool:
+        return (host.decode() if isinstance(host, bytes) else host) in ("127.0.0.1", "localhost", "::1", None)
+
+    real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+    def connect(sock, address):
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and not local(address[0]):
+            attempts.append(f"connect {address}")
+            raise ConnectionRefusedError(f"tests stay on loopback: {address}")
+        return real_connect(sock, address)
+
+    def getaddrinfo(host, *args, **kwargs):
+        if not local(host):
+            attempts.append(f"lookup {host!r}")
+            raise socket.gaierror(socket.EAI_NONAME, f"tests stay on loopback: {host!r}")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield attempts
+    assert not attempts, f"a test reached beyond loopback: {attempts}"
+
+
+def test_the_loopback_guard_bites(monkeypatch, loopback_only):
+    apply_env(monkeypatch, isolated_env(AWS_ENDPOINT_URL="http://192.0.2.1:9000", AWS_ACCESS_KEY_ID="testing",
+                                        AWS_SECRET_ACCESS_KEY="testing"))  # TEST-NET-1: never routed
+    with pytest.raises(StoreError, match="cannot reach the S3 endpoint"):
+        check_store("s3://bucket/x")
+    assert loopback_only and all("192.0.2.1" in a for a in loopback_only)
+    loopback_only.clear()
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class Backend:
+    name: str
+    uri: str  # a fresh store root for this test
+    raw_names: Callable[[], list[str]]  # every object name in the bucket, as the service holds it
+    parts: Callable[[str], int | None]  # parts an object (by full name) was uploaded in; None where not observable
+    standard_class: str  # what listing says for a plain write
+
+
+def _file_backend(tmp_path: Path) -> Backend:
+    root = tmp_path / "store"
+
+    def names() -> list[str]:
+        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+    return Backend("file", f"file://{root}", names, lambda name: None, "STANDARD")
+
+
+def _s3_backend(request, monkeypatch) -> Backend:
+    s3 = request.getfixturevalue("s3_standin")
+    apply_env(monkeypatch, s3.env())
+    client, bucket = s3.client(), unique("contract")
+    client.create_bucket(Bucket=bucket)
+
+    def parts(name: str) -> int | None:
+        etag = client.head_object(Bucket=bucket, Key=name)["ETag"].strip('"')
+        return int(etag.rpartition("-")[2]) if "-" in etag else 1  # a multipart ETag ends in -<parts>
+
+    def names() -> list[str]:
+        return sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", []))
+
+    return Backend("s3", f"s3://{bucket}/team/exp1", names, parts, "STANDARD")
+
+
+def _gcs_backend(request, monkeypatch) -> Backend:
+    gcs = request.getfixturevalue("gcs_standin")
+    apply_env(monkeypatch, gcs.env())
+    client, bucket = gcs.client(), unique("contract")
+    client.create_bucket(bucket)
+    # the emulator keeps no trace of resumable chunks: count the chunk PUTs as they arrive
+    from gcp_storage_emulator.handlers import objects
+
+    counted: dict[str, int] = {}
+    real = objects._handle_resumable_chunk
+
+    def count_chunk(response, storage, upload_id, chunk, parsed):
+        data = real(response, storage, upload_id, chunk, parsed)
+        name = storage.get_resumable_file_obj(upload_id)["name"]
+        counted[name] = counted.get(name, 0) + 1
+        return data
+
+    monkeypatch.setattr(objects, "_handle_resumable_chunk", count_chunk)
+    return Backend("gcs", f"gs://{bucket}/team/exp1", lambda: sorted(b.name for b in client.list_blobs(bucket)),
+                   lambda name: counted.get(name, 1), "STANDARD")
+
+
+def _azure_backend(request, monkeypatch) -> Backend:
+    az = request.getfixturevalue("azure_standin")
+    apply_env(monkeypatch, az.env())
+    container = az.client().create_container(unique("contract"))
+
+    def parts(name: str) -> int | None:
+        committed, _ = container.get_blob_client(name).get_block_list("committed")
+        return max(1, len(committed))  # a single-request upload has no blocks
+
+    return Backend("azure", f"az://{container.container_name}/team/exp1",
+                   lambda: sorted(b.name for b in container.list_blobs()), parts, "Hot")
+
+
+@pytest.fixture(params=["file", "s3", "gcs", "azure"])
+def backend(request, monkeypatch, tmp_path) -> Backend:
+    if request.param == "file":
+        return _file_backend(tmp_path)
+    return {"s3": _s3_backend, "gcs": _gcs_backend, "azure": _azure_backend}[request.param](request, monkeypatch)
+
+
+@pytest.fixture
+def store(backend):
+    return open_store(backend.uri, part_size_bytes=PART_BYTES)
+
+
+class TestStoreContract:
+    def test_bytes_round_trip_and_overwrite(self, store):
+        store.put_bytes("runs/r1/ledger.jsonl", b'{"usd": 1}\n')
+        assert store.get_bytes("runs/r1/ledger.jsonl") == b'{"usd": 1}\n'
+        store.put_bytes("runs/r1/ledger.jsonl", b"")
+        assert store.get_bytes("runs/r1/ledger.jsonl") == b""
+        assert store.exists("runs/r1/ledger.jsonl")
+        assert store.local_path("runs/r1/ledger.jsonl") is None or store.uri.startswith("file://")
+
+    def test_missing_key_is_not_found_and_leaves_no_file(self, store, tmp_path):
+        with pytest.raises(NotFound):
+            store.get_bytes("runs/nope/summary.json")
+        dest = tmp_path / "fetched" / "state.pt"
+        with pytest.raises(NotFound):
+            store.get_file("runs/nope/state.pt", dest)
+        assert not dest.exists()
+        assert not dest.parent.exists() or list(dest.parent.iterdir()) == []  # no temp file left behind
+        assert store.exists("runs/nope/summary.json") is False
+
+    def test_large_file_goes_up_in_parts_and_comes_back_whole(self, store, backend, tmp_path):
+        src = tmp_path / "state.pt"
+        src.write_bytes(os.urandom(BIG_BYTES))
+        store.put_file("runs/r1/ckpt/step-000000007/state.pt", src)
+        dest = tmp_path / "back" / "state.pt"
+        store.get_file("runs/r1/ckpt/step-000000007/state.pt", dest)
+        assert hashlib.sha256(dest.read_bytes()).digest() == hashlib.sha256(src.read_bytes()).digest()
+        [info] = store.list("runs/r1/ckpt/")
+        assert info.size == BIG_BYTES
+        parts = backend.parts("team/exp1/runs/r1/ckpt/step-000000007/state.pt")
+        assert parts is None or parts >= 3, f"{backend.name}: a {BIG_BYTES >> 20} MiB file went up in {parts} part(s)"
+
+    def test_list_prefix_ends_mid_name_and_reports_size_time_class(self, store, backend):
+        before = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=5)
+        objects = {"runs/abc/a.bin": b"1", "runs/abd/b.bin": b"22", "runs/b/c.bin": b"333", "cache/k/m.json": b"{}"}
+        for key, data in objects.items():
+            store.put_bytes(key, data)
+        assert [o.key for o in store.list("runs/ab")] == ["runs/abc/a.bin", "runs/abd/b.bin"]
+        assert [o.key for o in store.list("runs/")] == ["runs/abc/a.bin", "runs/abd/b.bin", "runs/b/c.bin"]
+        everything = store.list()
+        assert [o.key for o in everything] == sorted(objects)
+        for o in everything:
+            assert o.size == len(objects[o.key])
+            assert o.last_modified.tzinfo is not None
+            assert before <= o.last_modified <= dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=5)
+            assert o.storage_class == backend.standard_class
+        assert store.list("nothing/here") == []
+
+    def test_delete_is_idempotent(self, store):
+        store.put_bytes("runs/r1/ckpt/step-000000001/COMMIT", b"{}")
+        store.delete("runs/r1/ckpt/step-000000001/COMMIT")
+        store.delete("runs/r1/ckpt/step-000000001/COMMIT")
+        store.delete("never/written")
+        assert not store.exists("runs/r1/ckpt/step-000000001/COMMIT")
+        with pytest.raises(NotFound):
+            store.get_bytes("runs/r1/ckpt/step-000000001/COMMIT")
+        assert store.list() == []
+
+    def test_keys_are_strings_under_the_root(self, store, backend):
+        store.put_bytes("a//b/./c.bin", b"x")
+        assert backend.raw_names() == (["a/b/c.bin"] if backend.name == "file" else ["team/exp1/a/b/c.bin"])
+        assert open_store(store.uri).get_bytes("a/b/c.bin") == b"x"  # the uri names the same place
+        for bad in ("../escape", "a/../../b", "", "/"):
+            with pytest.raises(ValueError):
+                store.put_bytes(bad, b"x")
+
+    def test_store_check_passes_and_leaves_nothing(self, store, backend):
+        check_store(store.uri)
+        assert store.list() == []
+        assert backend.raw_names() == []
+        if backend.name == "file":
+            assert not Path(store.uri.removeprefix("file://")).exists(), "the check created the store's directory"
+
+
+# ---------------------------------------------------------------------------------------- storage classes
+
+
+COLD = {"s3": "GLACIER", "gcs": "COLDLINE", "azure": "Cool"}  # each service's own name for a colder class
+
+
+@pytest.mark.parametrize("backend", ["s3", "gcs", "azure"], indirect=True)
+def test_storage_class_change_shows_in_listing(store, backend):
+    store.put_bytes("runs/old/ckpt/step-000000007/state.pt", b"weights")
+    store.put_bytes("runs/new/ckpt/step-000000007/state.pt", b"weights")
+    store.set_storage_class("runs/old/ckpt/step-000000007/state.pt", COLD[backend.name])
+    assert [(o.key, o.size, o.storage_class) for o in store.list("runs/")] == [
+        ("runs/new/ckpt/step-000000007/state.pt", 7, backend.standard_class),
+        ("runs/old/ckpt/step-000000007/state.pt", 7, COLD[backend.name]),
+    ]
+    with pytest.raises(NotFound):
+        store.set_storage_class("runs/never/written", COLD[backend.name])
+
+
+def test_file_store_has_no_cold_class(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    store.put_bytes("a.bin", b"x")
+    with pytest.raises(StoreError, match="one storage class"):
+        store.set_storage_class("a.bin", "GLACIER")
+
+
+@pytest.mark.parametrize("backend, cold, says",
+                         [("s3", "GLACIER", "restore-object"), ("azure", "Archive", "rehydrate")], indirect=["backend"])
+def test_reading_an_archived_object_says_restore_it_first(store, cold, says):
+    store.put_bytes("runs/old/state.pt", b"weights")
+    store.set_storage_class("runs/old/state.pt", cold)
+    with pytest.raises(StoreError, match=says):
+        store.get_bytes("runs/old/state.pt")
+
+
+# ---------------------------------------------------------------------------------------- imports and memory
+
+
+def test_import_loads_no_cloud_sdk():
+    sdks = ("boto3", "botocore", "google.cloud.storage", "azure.storage.blob")
+    code = f"import sys, thrifty.storage, thrifty.preflight; print([m for m in {sdks!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=REPO, env=child_env(os.environ, {"PYTHONPATH": str(REPO)}))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+_MEMORY_PROBE = """
+import json, re, sys
+from pathlib import Path
+from thrifty.storage import open_store
+
+def peak_growth(action):
+    status = lambda key: int(re.search(key + r":\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+    Path("/proc/self/clear_refs").write_text("5")  # Linux: reset the peak resident set size to the current one
+    before = status("VmRSS")
+    action()
+    return status("VmHWM") - before
+
+uri, src, dest, part = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+store = open_store(uri, part_size_bytes=part)
+store.put_bytes("warm-up", b"x"); store.get_bytes("warm-up")  # SDK imports and connections outside the measure
+up = peak_growth(lambda: store.put_file("big/state.pt", src))
+down = peak_growth(lambda: store.get_file("big/state.pt", dest))
+control = peak_growth(lambda: Path(src).read_bytes())  # what holding the whole file looks like
+print(json.dumps({"up": up, "down": down, "control": control}))
+"""
+
+
+@pytest.mark.parametrize("name", ["s3", "gcs", "azure"])
+def test_large_files_stream_without_holding_the_file_in_memory(name, request, tmp_path):
+    """Up and back down, the peak resident memory of a child process (the stand-ins live in this one) grows by
+    far less than the file: parts are read from and written to disk one at a time."""
+    standin = request.getfixturevalue({"s3": "s3_standin", "gcs": "gcs_standin", "azure": "azure_standin"}[name])
+    size = 96 << 20  # well above what a few parts in flight take (4 x 5 MiB here, twice over in Azure downloads)
+    src = tmp_path / "state.pt"
+    with open(src, "wb") as f:
+        for _ in range(size >> 20):
+            f.write(os.urandom(1 << 20))
+    bucket = unique("memory")
+    if name == "s3":
+        standin.client().create_bucket(Bucket=bucket)
+        uri = f"s3://{bucket}/m"
+    elif name == "gcs":
+        standin.client().create_bucket(bucket)
+        uri = f"gs://{bucket}/m"
+    else:
+        standin.client().create_container(bucket)
+        uri = f"az://{bucket}/m"
+    env = child_env(os.environ, {**standin.env(), "PYTHONPATH": str(REPO)})
+    args = [uri, str(src), str(tmp_path / "back.pt"), str(PART_BYTES)]
+    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, *args], capture_output=True, text=True, timeout=120,
+                         env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    growth = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (tmp_path / "back.pt").read_bytes() == src.read_bytes()
+    assert growth["control"] >= size * 0.9, growth  # the measure sees a whole file held in memory
+    for way in ("up", "down"):
+        assert growth[way] < size // 2, f"{name} {way}: a {size >> 20} MiB file took {growth[way] >> 20} MiB of memory"
+
+
+# ---------------------------------------------------------------------------------------- preflight
+
+
+def preflight_error(store_uri: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        check_before_spending(RunConfig(store=store_uri))
+    msg = str(err.value)
+    assert msg.startswith("'store': ") and repr(store_uri) in msg, msg  # names the setting and the store
+    return msg
+
+
+def test_preflight_s3_missing_bucket(s3_standin, monkeypatch):
+    apply_env(monkeypatch, s3_standin.env())
+    msg = preflight_error("s3://no-such-bucket-here/runs")
+    assert "bucket 'no-such-bucket-here' does not exist" in msg and "aws s3 mb" in msg
+
+
+def test_preflight_s3_no_credentials(s3_standin, monkeypatch):
+    apply_env(monkeypatch, s3_standin.env(AWS_ACCESS_KEY_ID="", AWS_SECRET_ACCESS_KEY=""))
+    msg = preflight_error("s3://any-bucket/runs")
+    assert "no AWS credentials" in msg and "AWS_ACCESS_KEY_ID" in msg and "AWS_PROFILE" in msg
+
+
+def test_preflight_s3_unknown_key_and_denied_write(s3_standin, monkeypatch):
+    """moto checks signatures and IAM policies while IAM authentication is on: a reader may not write."""
+    from moto.core.authorization import enable_iam_authentication
+
+    apply_env(monkeypatch, s3_standin.env())
+    bucket = unique("guarded")
+    s3_standin.client().create_bucket(Bucket=bucket)
+    iam = s3_standin.client("iam")
+    user = unique("reader")
+    iam.create_user(UserName=user)
+    iam.put_user_policy(UserName=user, PolicyName="read-only", PolicyDocument=json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"],
+                       "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}],
+    }))
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    with enable_iam_authentication():
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWN000000000")
+        msg = preflight_error(f"s3://{bucket}/runs")
+        assert "AWS rejected the credentials (InvalidAccessKeyId)" in msg
+
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
+        msg = preflight_error(f"s3://{bucket}/runs")
+        assert "access denied (write)" in msg and "s3:PutObject" in msg
+
+
+def test_preflight_s3_unreachable_endpoint(s3_standin, monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    apply_env(monkeypatch, s3_standin.env(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}"))
+    msg = preflight_error("s3://any-bucket/runs")
+    assert "cannot reach the S3 endpoint" in msg and "AWS_ENDPOINT_URL" in msg
+
+
+def test_preflight_gcs_missing_bucket(gcs_standin, monkeypatch):
+    apply_env(monkeypatch, gcs_standin.env())
+    msg = preflight_error("gs://no-such-bucket-here/runs")
+    assert "bucket 'no-such-bucket-here' does not exist" in msg and "gcloud storage buckets create" in msg
+
+
+def test_preflight_gcs_denied_write(gcs_standin, monkeypatch):
+    """The emulator checks no credentials, so its upload route answers here as GCS answers a read-only account."""
+    from http import HTTPStatus
+
+    from gcp_storage_emulator import server
+
+    apply_env(monkeypatch, gcs_standin.env())
+    bucket = unique("guarded")
+    gcs_standin.client().create_bucket(bucket)
+
+    def refuse(request, response, storage, *args, **kwargs):
+        response.status = HTTPStatus.FORBIDDEN
+        response.json({"error": {"code": 403, "message": "reader@example.iam.gserviceaccount.com does not have "
+                                 "storage.objects.create access to the Google Cloud Storage object. "
+                                 "Permission 'storage.objects.create' denied."}})
+
+    routes = [handlers for regex, handlers in server.HANDLERS if "upload" in regex and server.POST in handlers]
+    assert routes, "the emulator's upload route moved"
+    for handlers in routes:
+        monkeypatch.setitem(handlers, server.POST, refuse)
+    msg = preflight_error(f"gs://{bucket}/runs")
+    assert f"access denied (write) on gs://{bucket}" in msg and "roles/storage.objectUser" in msg
+    assert "reader@example.iam.gserviceaccount.com does not have storage.objects.create access" in msg
+
+
+def test_preflight_gcs_bad_credentials_file(monkeypatch, tmp_path):
+    """Without the emulator, the ADC chain reads GOOGLE_APPLICATION_CREDENTIALS first: a missing file fails offline."""
+    apply_env(monkeypatch, isolated_env(GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "missing-key.json")))
+    msg = preflight_error("gs://any-bucket/runs")
+    assert "no usable Google credentials" in msg and "gcloud auth application-default login" in msg
+
+
+def test_preflight_azure_wrong_or_malformed_key(azure_standin, monkeypatch):
+    apply_env(monkeypatch, azure_standin.env())
+    container = azure_standin.client().create_container(unique("keyed")).container_name
+    for key in (base64.b64encode(bytes(64)).decode(), "not-base64"):  # refused by the service; refused before sending
+        apply_env(monkeypatch, azure_standin.env(key=key))
+        msg = preflight_error(f"az://{container}/runs")
+        assert "account 'devstoreaccount1'" in msg and "AccountKey in AZURE_STORAGE_CONNECTION_STRING" in msg
+
+
+def test_preflight_azure_read_only_sas_cannot_write(azure_standin, monkeypatch):
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    container = azure_standin.client().create_container(unique("sas")).container_name
+    sas = generate_container_sas(AZURITE_ACCOUNT, container, account_key=AZURITE_KEY,
+                                 permission=ContainerSasPermissions(read=True, list=True),
+                                 expiry=dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1))
+    apply_env(monkeypatch, isolated_env(
+        AZURE_STORAGE_CONNECTION_STRING=f"BlobEndpoint={azure_standin.blob_endpoint};SharedAccessSignature={sas}"))
+    msg = preflight_error(f"az://{container}/runs")
+    assert "SAS token was refused (write)" in msg and f"container {container!r}" in msg
+
+
+def test_preflight_azure_missing_container(azure_standin, monkeypatch):
+    apply_env(monkeypatch, azure_standin.env())
+    msg = preflight_error("az://no-such-container/runs")
+    assert "container 'no-such-container' of storage account 'devstoreaccount1' does not exist" in msg
+    assert "az storage container create" in msg
+
+
+def test_preflight_azure_no_account(monkeypatch):
+    apply_env(monkeypatch, isolated_env())
+    msg = preflight_error("az://models/runs")
+    assert "AZURE_STORAGE_CONNECTION_STRING" in msg and "AZURE_STORAGE_ACCOUNT" in msg
+
+
+def test_preflight_azure_account_without_credential(monkeypatch):
+    """azure-identity is optional: with only an account name, the message says how to supply a credential."""
+    monkeypatch.setitem(sys.modules, "azure.identity", None)  # as if not installed, wherever it is
+    apply_env(monkeypatch, isolated_env(AZURE_STORAGE_ACCOUNT="thriftyexample"))
+    msg = preflight_error("az://models/runs")
+    assert "AZURE_STORAGE_KEY" in msg and "azure-identity" in msg
+
+
+def test_preflight_file_store_that_cannot_be_created(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    msg = preflight_error(f"file://{blocker}/store")
+    assert "cannot" in msg and "pick another 'store'" in msg
+
+
+def test_preflight_unsupported_scheme_and_missing_bucket_name():
+    with pytest.raises(StoreError, match="no bucket name"):
+        check_store("s3://")
+    with pytest.raises(StoreError, match="no container name"):
+        check_store("az:///runs")
