@@ -97,7 +97,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     table = Table(title=f"Savings in {cfg.store}")
     for col in rows[0]:
-        table.add_column(col, justify="left" if col in ("run", "saved") else "right")
+        table.add_column(col, justify="left" if col in ("run", "saved") else "right", no_wrap=col == "run")
     for row in rows:
         table.add_row(*[f"{v:.5f}" if isinstance(v, float) else str(v) for v in row.values()])
     total_actual = sum(r["actual_usd"] for r in rows)
