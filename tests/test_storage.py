@@ -369,7 +369,7 @@ def test_preflight_s3_unknown_key_and_denied_write(s3_standin, monkeypatch):
     }))
     key = iam.create_access_key(UserName=user)["AccessKey"]
     with enable_iam_authentication():
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWN000000000")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "TESTKEYNOTKNOWNTOMOTO")  # a dummy id no IAM user has
         msg = preflight_error(f"s3://{bucket}/runs")
         assert "AWS rejected the credentials (InvalidAccessKeyId)" in msg
 
