@@ -130,7 +130,7 @@ class ComputeConfig(_Frozen):
     @field_validator("emulate")
     @classmethod
     def _emulate_form(cls, v: str) -> str:
-        if not re.fullmatch(r"(aws|gcp|azure):[A-Za-z0-9_.\-]+", v):
+        if not re.fullmatch(r"(aws|gcp|azure):[A-Za-z0-9_.+\-]+", v):  # GCP rows look like n1-standard-4+T4
             raise ValueError(f"emulate {v!r} must look like CLOUD:INSTANCE, e.g. 'aws:g5.xlarge'")
         return v
 
