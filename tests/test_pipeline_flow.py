@@ -90,3 +90,16 @@ def test_unknown_emulated_instance_fails_before_any_work(prefect_harness, tmp_pa
     assert state.is_failed()
     assert "compute.emulate" in state.message and "g5.xlarge" in state.message
     assert not store.exists()
+
+
+def test_prefect_cache_never_stands_in_for_another_stores_shards(prefect_harness, tmp_path):
+    """Prefect's record of a hit on one store must not make a fresh store skip preprocessing."""
+    from tasks.preprocess import preprocess
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert preprocess(config(first, "a"))["hit"] is False
+    preprocess(config(first, "a"))  # the key exists once the manifest does: this run records it
+    assert preprocess(config(first, "a"), return_state=True).name == "Cached"
+    out = preprocess(config(second, "b"), return_state=True)
+    assert out.name != "Cached" and out.result()["hit"] is False
+    assert list((second / "cache").glob("*/manifest.json")), "the fresh store got its own shards"
