@@ -29,6 +29,28 @@ class NotFound(KeyError):
     """No object at that key."""
 
 
+class Archived(StoreError):
+    """The object is in an archive tier: it must be restored (``thrifty archive restore``) before it can be read."""
+
+
+# storage classes / access tiers whose objects are not meant to be read in place (a restore or a retrieval
+# fee first): what the archiver moves things to, and what checkpoints and the cache treat as archived
+COLD_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE", "GLACIER_IR", "COLDLINE", "ARCHIVE", "Cold", "Archive"})
+
+
+def is_cold(storage_class: str) -> bool:
+    return storage_class in COLD_CLASSES
+
+
+@dataclass(frozen=True)
+class RestoreStatus:
+    """Where the restore of one archived object stands."""
+
+    key: str
+    state: str  # "done" (readable, back in the hot class), "requested" (just asked), "in progress"
+    eta: str  # what the provider says a restore takes, e.g. "3-5 hours"
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     key: str
@@ -50,9 +72,19 @@ class Store(Protocol):
     def set_storage_class(self, key: str, storage_class: str) -> None:
         """Move an object to another class or tier, named as its service names them (GLACIER, COLDLINE, Cool)."""
         ...
+    def restore(self, key: str, *, priority: str = "standard", days: int = 7) -> RestoreStatus:
+        """Start (or finish) bringing an archived object back to the hot class; safe to call again.
+
+        ``priority`` is bulk | standard | high (the provider's cheaper/faster retrieval options);
+        ``days`` is how long S3 keeps a restored copy readable before it is copied back to STANDARD.
+        """
+        ...
     def local_path(self, key: str) -> Path | None:
         """A path readable in place (file stores), or None where the object must be fetched."""
         ...
+
+
+RESTORE_PRIORITIES = ("bulk", "standard", "high")
 
 
 def _clean_key(key: str) -> str:
@@ -89,23 +121,53 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+FILE_ARCHIVE_AREA = "archive"  # a file store's cold tier: <root>/archive/<key>; keys may not start with it
+FILE_ARCHIVE_CLASS = "ARCHIVE"
+
+
 class FileStore:
-    """A directory on a local or mounted file system."""
+    """A directory on a local or mounted file system.
+
+    Its cold tier is an ``archive/`` area beside the objects: an archived object moves (one atomic
+    rename) to ``<root>/archive/<key>``, still lists under its key with storage class ARCHIVE, and
+    reads fail with Archived until it is restored, as on the object stores.
+    """
 
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser().resolve()
         self.uri = f"file://{self.root}"
+        self._archive = self.root / FILE_ARCHIVE_AREA
 
     def _path(self, key: str) -> Path:
-        return self.root / _clean_key(key)
+        key = _clean_key(key)
+        if key.split("/", 1)[0] == FILE_ARCHIVE_AREA:
+            raise StoreError(f"store {self.uri!r}: keys under {FILE_ARCHIVE_AREA}/ are reserved for archived objects")
+        return self.root / key
+
+    def _archived_path(self, key: str) -> Path:
+        return self._archive / _clean_key(key)
+
+    def _archived_error(self, key: str) -> Archived:
+        return Archived(f"store {self.uri!r}: {key} is archived (in {self._archive}); restore it first "
+                        "(thrifty archive restore RUN_ID, or Store.restore)")
+
+    def _dropped_archived_copy(self, key: str) -> None:
+        """A new write supersedes an archived copy: remove it so a restore never brings back old bytes."""
+        old = self._archived_path(key)
+        if old.exists():
+            old.unlink()
+            self._prune_dirs(old.parent, self._archive)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         atomic_write_bytes(self._path(key), data)
+        self._dropped_archived_copy(key)
 
     def get_bytes(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
         except (FileNotFoundError, IsADirectoryError):
+            if self._archived_path(key).is_file():
+                raise self._archived_error(key) from None
             raise NotFound(key) from None
 
     def put_file(self, key: str, local_path: str | Path) -> None:
@@ -122,56 +184,90 @@ class FileStore:
             Path(tmp).unlink(missing_ok=True)
             raise
         fsync_dir(dest.parent)
+        self._dropped_archived_copy(key)
 
     def get_file(self, key: str, local_path: str | Path) -> None:
         src = self._path(key)
         if not src.is_file():
+            if self._archived_path(key).is_file():
+                raise self._archived_error(key)
             raise NotFound(key)
         Path(local_path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, local_path)
 
     def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
+        return self._path(key).is_file() or self._archived_path(key).is_file()
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        base = self.root / prefix.strip("/") if prefix.strip("/") else self.root
+        prefix = prefix.lstrip("/")
+        found: dict[str, ObjectInfo] = {}
+        for area, storage_class in ((self._archive, FILE_ARCHIVE_CLASS), (self.root, "STANDARD")):
+            for key, st in self._walk(area, prefix):
+                # hot wins over an archived copy (only a crash inside a write leaves both)
+                found[key] = ObjectInfo(key, st.st_size, dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc),
+                                        storage_class)
+        return sorted(found.values(), key=lambda o: o.key)
+
+    def _walk(self, area: Path, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
+        base = area / prefix.strip("/") if prefix.strip("/") else area
         # a prefix may end mid-name ("runs/a" matches "runs/abc/..."), like object stores
         start = base if base.is_dir() else base.parent
-        if not start.is_dir():
-            return []
-        out = []
-        for p in self._walk(start):
-            key = p.relative_to(self.root).as_posix()
-            if not key.startswith(prefix.lstrip("/")):
-                continue
-            st = p.stat()
-            out.append(
-                ObjectInfo(key, st.st_size, dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc), "STANDARD")
-            )
-        return sorted(out, key=lambda o: o.key)
-
-    def _walk(self, start: Path) -> Iterator[Path]:
-        for dirpath, _dirs, files in os.walk(start):
+        if not start.is_dir() or not start.is_relative_to(area):
+            return
+        for dirpath, dirs, files in os.walk(start):
+            if Path(dirpath) == self.root and area == self.root and FILE_ARCHIVE_AREA in dirs:
+                dirs.remove(FILE_ARCHIVE_AREA)  # the archive area is walked on its own
             for name in files:
                 if name.startswith(".") and name.endswith(".tmp"):
                     continue  # an in-flight atomic write, not an object
-                yield Path(dirpath) / name
+                p = Path(dirpath) / name
+                key = p.relative_to(area).as_posix()
+                if key.startswith(prefix) and not (area == self.root and key.startswith(FILE_ARCHIVE_AREA + "/")):
+                    yield key, p.stat()
 
     def delete(self, key: str) -> None:
         p = self._path(key)
         p.unlink(missing_ok=True)
-        # prune empty parent directories up to the root
-        parent = p.parent
-        while parent != self.root and parent.is_dir():
+        self._prune_dirs(p.parent, self.root)
+        self._dropped_archived_copy(key)
+
+    @staticmethod
+    def _prune_dirs(parent: Path, top: Path) -> None:
+        """Remove empty directories from ``parent`` up to (not including) ``top``."""
+        while parent != top and parent.is_dir() and parent.is_relative_to(top):
             try:
                 parent.rmdir()
             except OSError:
                 break
             parent = parent.parent
 
+    def _move(self, src: Path, dest: Path, top: Path) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dest)  # one rename: the object is in one place or the other, never both or neither
+        fsync_dir(dest.parent)
+        fsync_dir(src.parent)
+        self._prune_dirs(src.parent, top)
+
     def set_storage_class(self, key: str, storage_class: str) -> None:
-        raise StoreError(f"store {self.uri!r}: a file store has one storage class (STANDARD); cold tiers need "
-                         "an s3://, gs:// or az:// store")
+        hot, cold = self._path(key), self._archived_path(key)
+        if storage_class.upper() == FILE_ARCHIVE_CLASS:
+            if hot.is_file():
+                self._move(hot, cold, self.root)
+            elif not cold.is_file():
+                raise NotFound(key)
+        elif storage_class.upper() == "STANDARD":
+            if cold.is_file() and not hot.exists():
+                self._move(cold, hot, self._archive)
+            elif not hot.is_file():
+                raise NotFound(key)
+        else:
+            raise StoreError(f"store {self.uri!r}: a file store has two storage classes, STANDARD and "
+                             f"{FILE_ARCHIVE_CLASS} (its {FILE_ARCHIVE_AREA}/ area), not {storage_class!r}; "
+                             "other cold tiers need an s3://, gs:// or az:// store")
+
+    def restore(self, key: str, *, priority: str = "standard", days: int = 7) -> RestoreStatus:
+        self.set_storage_class(key, "STANDARD")
+        return RestoreStatus(key, "done", "immediate (a local move)")
 
     def local_path(self, key: str) -> Path | None:
         return self._path(key)
@@ -245,6 +341,10 @@ class _ObjectStore:
         """What is wrong with the store's setup and how to fix it, or None for an error that is not a setup problem."""
         return None
 
+    def _is_archived(self, exc: BaseException) -> bool:
+        """The service refused a read because the object is in an archive tier."""
+        return False
+
     @contextlib.contextmanager
     def _translate(self, op: str, key: str | None = None) -> Iterator[None]:
         try:
@@ -257,6 +357,8 @@ class _ObjectStore:
             hint = self._explain(exc, op)
             if hint is None:
                 raise
+            if self._is_archived(exc):
+                raise Archived(f"store {self.uri!r}: {key or 'an object'} is archived: {hint}") from exc
             raise StoreError(f"store {self.uri!r}: {hint}") from exc
 
 
@@ -294,6 +396,9 @@ class S3Store(_ObjectStore):
     def _is_missing_key(self, exc: BaseException) -> bool:
         return _s3_error_code(exc) in ("NoSuchKey", "404", "NotFound")
 
+    def _is_archived(self, exc: BaseException) -> bool:
+        return _s3_error_code(exc) == "InvalidObjectState"
+
     def _explain(self, exc: BaseException, op: str) -> str | None:
         from botocore import exceptions as bx
 
@@ -320,8 +425,8 @@ class S3Store(_ObjectStore):
             return (f"access denied ({op}) on {where}; grant the identity in use s3:PutObject, s3:GetObject, "
                     f"s3:DeleteObject on {where}/* and s3:ListBucket on bucket {self.bucket}")
         if code == "InvalidObjectState":
-            return (f"an object is in an archive storage class ({op}); restore it (aws s3api restore-object) "
-                    "before reading")
+            return (f"it is in an archive storage class ({op}); restore it (thrifty archive restore RUN_ID, or "
+                    "aws s3api restore-object) before reading")
         return None
 
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -370,6 +475,36 @@ class S3Store(_ObjectStore):
         with self._translate("storage class change", key):
             self._client.copy({"Bucket": self.bucket, "Key": name}, self.bucket, name, Config=self._copy,
                               ExtraArgs={"StorageClass": storage_class, "MetadataDirective": "COPY"})
+
+    # S3 retrieval tiers by priority, and what AWS documents they take (Deep Archive has no Expedited)
+    _RESTORE_TIERS = {"bulk": "Bulk", "standard": "Standard", "high": "Expedited"}
+    _RESTORE_ETA = {("GLACIER", "Expedited"): "1-5 minutes", ("GLACIER", "Standard"): "3-5 hours",
+                    ("GLACIER", "Bulk"): "5-12 hours", ("DEEP_ARCHIVE", "Standard"): "within 12 hours",
+                    ("DEEP_ARCHIVE", "Bulk"): "within 48 hours"}
+
+    def restore(self, key: str, *, priority: str = "standard", days: int = 7) -> RestoreStatus:
+        """GLACIER / DEEP_ARCHIVE: request a temporary restored copy, then (on a later call, once AWS has
+        finished) copy it in place to STANDARD; other classes are copied to STANDARD at once."""
+        name = self._name(key)
+        with self._translate("restore", key):
+            head = self._client.head_object(Bucket=self.bucket, Key=name)
+        storage_class = head.get("StorageClass", "STANDARD")
+        tier = self._RESTORE_TIERS[priority]
+        if storage_class == "DEEP_ARCHIVE" and tier == "Expedited":
+            tier = "Standard"
+        eta = self._RESTORE_ETA.get((storage_class, tier), "immediate")
+        if storage_class in ("GLACIER", "DEEP_ARCHIVE"):
+            restore = head.get("Restore") or ""
+            if 'ongoing-request="true"' in restore:
+                return RestoreStatus(key, "in progress", eta)
+            if not restore:
+                with self._translate("restore request", key):
+                    self._client.restore_object(Bucket=self.bucket, Key=name, RestoreRequest={
+                        "Days": days, "GlacierJobParameters": {"Tier": tier}})
+                return RestoreStatus(key, "requested", eta)
+        if storage_class != "STANDARD":  # a finished restore, or a class that is readable in place
+            self.set_storage_class(key, "STANDARD")
+        return RestoreStatus(key, "done", eta)
 
 
 _GCS_CHUNK_BYTES = 256 << 10  # resumable upload chunks must be multiples of this
@@ -471,6 +606,11 @@ class GCSStore(_ObjectStore):
         with self._translate("storage class change", key):  # a rewrite in place, done inside GCS
             self._bucket.blob(self._name(key)).update_storage_class(storage_class, **self._call)
 
+    def restore(self, key: str, *, priority: str = "standard", days: int = 7) -> RestoreStatus:
+        """GCS's cold classes are online: one rewrite to STANDARD (a retrieval fee per GB, no wait)."""
+        self.set_storage_class(key, "STANDARD")
+        return RestoreStatus(key, "done", "immediate (GCS reads every class in milliseconds)")
+
 
 def _azure_code(exc: BaseException) -> str:
     code = getattr(exc, "error_code", None) or ""
@@ -535,6 +675,9 @@ class AzureStore(_ObjectStore):
 
         return isinstance(exc, ResourceNotFoundError) and _azure_code(exc) != "ContainerNotFound"
 
+    def _is_archived(self, exc: BaseException) -> bool:
+        return _azure_code(exc) == "BlobArchived"
+
     def _explain(self, exc: BaseException, op: str) -> str | None:
         from azure.core import exceptions as zx
 
@@ -563,7 +706,8 @@ class AzureStore(_ObjectStore):
             return (f"{where} does not exist; create it (az storage container create --name {self.bucket} "
                     f"--account-name {self.account}) or fix 'store'")
         if code == "BlobArchived":
-            return f"a blob is in the Archive tier ({op}); rehydrate it to Hot or Cool before reading"
+            return (f"it is in the Archive tier ({op}); rehydrate it to Hot (thrifty archive restore RUN_ID) "
+                    "before reading")
         if isinstance(exc, zx.ServiceRequestError):
             return (f"cannot reach the blob endpoint of account {self.account!r} ({exc.message}); check the account "
                     "name, the network, or the BlobEndpoint in AZURE_STORAGE_CONNECTION_STRING")
@@ -613,6 +757,25 @@ class AzureStore(_ObjectStore):
     def set_storage_class(self, key: str, storage_class: str) -> None:
         with self._translate("tier change", key):
             self._container.get_blob_client(self._name(key)).set_standard_blob_tier(storage_class)
+
+    _RESTORE_ETA = {"Standard": "up to 15 hours", "High": "under 1 hour for blobs under 10 GiB"}
+
+    def restore(self, key: str, *, priority: str = "standard", days: int = 7) -> RestoreStatus:
+        """Archive: start a rehydration to Hot (Standard or High priority); Cool and Cold go to Hot at once."""
+        blob = self._container.get_blob_client(self._name(key))
+        with self._translate("restore", key):
+            props = blob.get_blob_properties()
+        tier = str(getattr(props.blob_tier, "value", props.blob_tier) or "Hot")
+        rehydrate = "High" if priority == "high" else "Standard"
+        if str(props.archive_status or "").startswith("rehydrate-pending"):
+            return RestoreStatus(key, "in progress", self._RESTORE_ETA[rehydrate])
+        if tier == "Archive":
+            with self._translate("rehydrate", key):
+                blob.set_standard_blob_tier("Hot", rehydrate_priority=rehydrate)
+            return RestoreStatus(key, "requested", self._RESTORE_ETA[rehydrate])
+        if tier != "Hot":
+            self.set_storage_class(key, "Hot")
+        return RestoreStatus(key, "done", "immediate")
 
 
 _BACKENDS = {"s3": S3Store, "gs": GCSStore, "az": AzureStore}

@@ -3,6 +3,7 @@
 Layout: ``runs/<run_id>/ckpt/step-000000120/state.pt`` then ``.../COMMIT`` (JSON with the
 state's size and sha256). The COMMIT object is written last and removed first, so a reader
 that finds it finds a whole checkpoint; anything without one is a torn write and ignored.
+A checkpoint whose COMMIT is in a cold tier (``thrifty archive``) is archived: listed, never read.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 
 import torch
 
+from thrifty.config import ConfigError
 from thrifty.runs import run_key
-from thrifty.storage import NotFound, Store, join_key
+from thrifty.storage import Archived, NotFound, Store, is_cold, join_key
 from training.runtime import fault_point
 
 log = logging.getLogger("thrifty.checkpoint")
@@ -34,15 +36,21 @@ class CheckpointInfo:
     step: int
     prefix: str  # store key of the checkpoint's directory
     commit: dict[str, Any]
+    archived: bool = False  # in a cold tier: restore before loading (its commit record is not read)
 
     @property
     def metric(self) -> float | None:
         return self.commit.get("metric")
 
 
+class CheckpointArchived(ConfigError):
+    """The newest checkpoint of a run is in cold storage: the run cannot resume until it is restored."""
+
+
 class CheckpointManager:
     def __init__(self, store: Store, run_id: str, keep_last: int, mode: str = "min"):
         self.store = store
+        self.run_id = run_id
         self.prefix = run_key(run_id, "ckpt")
         self.keep_last = keep_last
         self.mode = mode  # how "best" is judged: min or max of the commit's metric
@@ -56,8 +64,14 @@ class CheckpointManager:
             m = _STEP_DIR.search(parent)
             if name != "COMMIT" or not m:
                 continue
+            if is_cold(obj.storage_class):
+                out.append(CheckpointInfo(int(m.group(1)), parent, {}, archived=True))
+                continue
             try:
                 commit = json.loads(self.store.get_bytes(obj.key))
+            except Archived:  # archived since the listing
+                out.append(CheckpointInfo(int(m.group(1)), parent, {}, archived=True))
+                continue
             except (NotFound, json.JSONDecodeError):
                 continue
             out.append(CheckpointInfo(int(m.group(1)), parent, commit))
@@ -81,7 +95,8 @@ class CheckpointManager:
             digest, size = _sha256_file(local)
             self.store.put_file(join_key(ckpt, "state.pt"), local)
         fault_point("after_data")
-        commit = {"step": step, "bytes": size, "sha256": digest, "metric": metric, "time_unix": time.time()}
+        commit = {"step": step, "bytes": size, "sha256": digest, "metric": metric, "metric_mode": self.mode,
+                  "time_unix": time.time()}
         self.store.put_bytes(join_key(ckpt, "COMMIT"), json.dumps(commit).encode())
         fault_point("after_commit")
         self.prune()
@@ -110,14 +125,29 @@ class CheckpointManager:
         for obj in self.store.list(ckpt_prefix + "/"):
             self.store.delete(obj.key)
 
+    def _archived(self, info: CheckpointInfo) -> CheckpointArchived:
+        uri, run = self.store.uri, self.run_id
+        return CheckpointArchived(
+            f"run {run!r}: its newest checkpoint (step {info.step}) is archived in cold storage in {uri}. Restore it "
+            f"with `thrifty archive restore {run} --store {uri}` (run it again until it says done), then start the "
+            "run again; or give this run a new run_name to train from scratch.")
+
     # ------------------------------------------------------------------ loading
     def load_latest(self) -> tuple[CheckpointInfo, dict[str, Any]] | None:
-        """The newest checkpoint whose data matches its commit record; older ones if it is damaged."""
+        """The newest checkpoint whose data matches its commit record; older ones if it is damaged.
+
+        An archived newest checkpoint is an error, not a reason to fall back: an older one would redo
+        paid work and a fresh start would drop it, so the run waits for ``thrifty archive restore``.
+        """
         for info in reversed(self.committed()):
+            if info.archived:
+                raise self._archived(info)
             with tempfile.TemporaryDirectory(prefix="thrifty-ckpt-") as tmp:
                 local = Path(tmp) / "state.pt"
                 try:
                     self.store.get_file(join_key(info.prefix, "state.pt"), local)
+                except Archived:
+                    raise self._archived(info) from None
                 except NotFound:
                     log.warning("checkpoint at step %d has a commit record but no data; trying an older one", info.step)
                     continue

@@ -2,7 +2,9 @@
 
 ``<store>/cache/<key>/`` holds ``.npy`` shards and, written last, ``manifest.json``; the key
 hashes the raw data's content fingerprint, the recipe's preprocessing source and its params.
-A directory without a manifest is an unfinished write and is never read.
+A directory without a manifest is an unfinished write and is never read. Every hit rewrites a
+small ``LAST_USED`` object, so the archiver can tell a cache entry in use from a stale one; an
+entry whose manifest was archived is a miss and is rebuilt (cheaper than waiting for a restore).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from thrifty.storage import NotFound, Store, atomic_write_bytes, join_key
+from thrifty.storage import Archived, NotFound, Store, atomic_write_bytes, join_key
 from training.recipes.base import Dataset, EmptyDataError, Recipe, RecipeParams
 
 log = logging.getLogger("thrifty.data")
@@ -142,10 +144,17 @@ def write_shards(store: Store, key: str, dataset: Dataset, recipe: Recipe, param
     return manifest
 
 
+LAST_USED = "LAST_USED"  # cache/<key>/LAST_USED: rewritten on every hit
+
+
 def read_manifest(store: Store, key: str) -> dict[str, Any] | None:
+    """The entry's manifest, or None when there is no usable entry (never written, unfinished, or archived)."""
     try:
         return json.loads(store.get_bytes(join_key("cache", key, "manifest.json")))
     except NotFound:
+        return None
+    except Archived:
+        log.warning("preprocess cache entry %s was archived to cold storage; preprocessing again", key)
         return None
 
 
@@ -156,6 +165,7 @@ def ensure_shards(store: Store, recipe: Recipe, params: RecipeParams) -> CacheRe
     manifest = read_manifest(store, key)
     if manifest is not None:
         log.info("preprocess cache hit: %s", key)
+        store.put_bytes(join_key("cache", key, LAST_USED), json.dumps({"used_unix": time.time()}).encode())
         return CacheResult(key, True, manifest, time.perf_counter() - t0)
     log.info("preprocess cache miss: %s; preprocessing %s", key, recipe.name)
     dataset = recipe.preprocess(params)
