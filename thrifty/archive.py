@@ -23,12 +23,13 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from thrifty.config import ConfigError
+from thrifty.config import ConfigError, format_validation_error
 from thrifty.pricing import PricingError, StorageTierPrice, storage_cloud, storage_price
 from thrifty.runs import read_ledger
-from thrifty.storage import Archived, NotFound, ObjectInfo, RestoreStatus, Store, StoreError, is_cold, open_store
+from thrifty.storage import (Archived, NotFound, ObjectInfo, RestoreStatus, Store, StoreError, check_store,
+                             is_cold, open_store)
 
 log = logging.getLogger("thrifty.archive")
 
@@ -80,6 +81,15 @@ class ArchiveSettings(BaseModel):
             raise ConfigError(f"store {self.store!r}: unsupported scheme {scheme!r}; use a path, file://, s3://, "
                               "gs:// or az://")
         return TIERS[self.tier][scheme]
+
+
+def build_settings(data: dict[str, Any], source: str = "input") -> ArchiveSettings:
+    try:
+        settings = ArchiveSettings.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source, "archive settings")) from None
+    settings.target_class  # noqa: B018 - an unsupported store scheme is bad input too
+    return settings
 
 
 @dataclass
@@ -240,8 +250,9 @@ def _runs_of(objects: list[ObjectInfo]) -> dict[str, list[ObjectInfo]]:
 
 
 def open_checked(settings: ArchiveSettings) -> Store:
+    """The store, checked (a probe write) before anything is planned: a wrong credential fails here."""
     try:
-        settings.target_class  # noqa: B018 - validates the scheme
+        check_store(settings.store)
         return open_store(settings.store)
     except StoreError as exc:
         raise ConfigError(str(exc)) from None
@@ -406,3 +417,47 @@ def restore_run(store: Store, run_id: str, *, priority: str = "standard", days: 
     cold = sorted((o for o in objects if is_cold(o.storage_class)),
                   key=lambda o: (o.key.rpartition("/")[2] in COMMIT_NAMES, o.key))
     return [store.restore(o.key, priority=priority, days=days) for o in cold]
+
+
+# ------------------------------------------------------------------------------------------- provider lifecycle
+
+LIFECYCLE_CAVEAT = (
+    "Provider lifecycle rules see only an object's age (and size or name), not Thrifty's marks: gold weights, "
+    "best checkpoints and a live run's latest checkpoint move too once old enough (a run whose newest checkpoint "
+    "moved stops with 'restore first'). The weekly-archive deployment applies every rule; prefer it.")
+LARGE_OBJECT_BYTES = 1 << 20  # S3 rules move only objects above this: checkpoint data and shards, not metadata
+DATA_SUFFIXES = [".pt", ".npy"]  # GCS rules: checkpoint data and shards, not commit records or metadata
+
+
+def lifecycle_rules(store: Store, settings: ArchiveSettings) -> list[dict[str, Any]]:
+    """Bucket lifecycle rules that move old checkpoint data and shards to the target class (S3 and GCS)."""
+    days = max(1, round(settings.older_than_days))
+    scheme = _scheme(store.uri)
+    root = getattr(store, "root", "")
+    prefixes = [f"{root}/{top}/" if root else f"{top}/" for top in ("runs", "cache")]
+    if scheme == "s3":
+        rid = f"thrifty-{root or 'bucket'}".replace("/", "-")
+        rules: list[dict[str, Any]] = [
+            {"ID": f"{rid}-{top}-to-{settings.target_class.lower()}", "Status": "Enabled",
+             "Filter": {"And": {"Prefix": prefix, "ObjectSizeGreaterThan": LARGE_OBJECT_BYTES}},
+             "Transitions": [{"Days": days, "StorageClass": settings.target_class}]}
+            for top, prefix in zip(("runs", "cache"), prefixes)]
+        rules.append({"ID": f"{rid}-abort-incomplete-uploads", "Status": "Enabled",
+                      "Filter": {"Prefix": f"{root}/" if root else ""},
+                      "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 7}})
+        return rules
+    if scheme == "gs":
+        return [{"action": {"type": "SetStorageClass", "storageClass": settings.target_class},
+                 "condition": {"age": days, "matchesPrefix": prefixes, "matchesSuffix": DATA_SUFFIXES}}]
+    raise ConfigError(f"store {store.uri!r}: lifecycle rules are installed on s3:// and gs:// buckets; for Azure, "
+                      "add a lifecycle management policy to the storage account (az storage account "
+                      "management-policy create), for a local store use the weekly-archive deployment")
+
+
+def install_lifecycle(store: Store, rules: list[dict[str, Any]]) -> None:
+    """Add ``rules`` to the bucket's lifecycle configuration, replacing earlier Thrifty rules for the same prefixes
+    and keeping everyone else's."""
+    install = getattr(store, "merge_lifecycle_rules", None)
+    if install is None:
+        raise ConfigError(f"store {store.uri!r} has no bucket lifecycle rules")
+    install(rules)

@@ -158,6 +158,109 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return deploy_all(args.project_dir, alerts_block=args.alerts_block)
 
 
+def cmd_archive(args: argparse.Namespace) -> int:
+    """Plan (default) or apply an archival pass; restore a run; mark gold or pinned; bucket lifecycle rules."""
+    from rich.console import Console
+
+    from thrifty import archive
+    from thrifty.storage import StoreError
+
+    console = Console(stderr=True)
+    try:
+        settings = archive.build_settings(
+            {"store": args.store, "older_than_days": args.older_than_days,
+             "active_window_days": args.active_window_days, "tier": args.tier, "as_of": args.as_of},
+            "the command line")
+        action = args.archive_command
+        if action in ("gold", "pin", "unmark"):
+            return _archive_mark(settings, action, args.target)
+        if action == "restore":
+            return _archive_restore(settings, args)
+        if action == "lifecycle":
+            return _archive_lifecycle(settings, args.apply)
+        if args.apply:
+            from flows.archive_stale import archive_stale
+
+            state = archive_stale(store=settings.store, older_than_days=settings.older_than_days,
+                                  active_window_days=settings.active_window_days, tier=settings.tier,
+                                  as_of=settings.as_of, dry_run=False, return_state=True)
+            if not state.is_completed():
+                console.print(f"[red]archive {state.name.lower()}:[/] {state.message}", highlight=False)
+                return 1
+            s = state.result()
+            print(f"moved {s['moved']} objects ({archive.human_bytes(s['bytes_moved'])}) to {s['target_class']}; "
+                  f"{s['left_alone']} left alone, {s['already_cold']} already cold. Report: artifact "
+                  "'thrifty-archive' in Prefect.")
+            return 0
+        with console.status(f"scanning {settings.store}"):
+            store = archive.open_checked(settings)
+            plan = archive.scan(store, settings)
+        print(archive.markdown(plan), end="")
+        if plan.to_archive:
+            print("\nNothing was moved (dry run). Run again with --apply to move these objects.")
+        return 0
+    except (ConfigError, StoreError) as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        return EXIT_BAD_INPUT
+
+
+def _archive_mark(settings, action: str, target: str) -> int:
+    from thrifty import archive
+
+    store = archive.open_checked(settings)
+    policy = archive.Policy.load(store)
+    prefix = archive.mark_prefix(target)
+    if action == "gold":
+        policy.gold.append(prefix)
+    elif action == "pin":
+        policy.pinned.append(prefix)
+    else:
+        policy.gold = [p for p in policy.gold if p != prefix]
+        policy.pinned = [p for p in policy.pinned if p != prefix]
+    policy.save(store)
+    policy = archive.Policy.load(store)
+    print(f"{archive.POLICY_KEY} in {store.uri}: gold {policy.gold or '[]'}, pinned {policy.pinned or '[]'}")
+    return 0
+
+
+def _archive_restore(settings, args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from thrifty import archive
+
+    store = archive.open_checked(settings)
+    statuses = archive.restore_run(store, args.run_id, priority=args.priority, days=args.days)
+    if not statuses:
+        print(f"run {args.run_id}: nothing is archived; it can resume as it is")
+        return 0
+    for st in statuses:
+        print(f"{st.state:<12} {st.key}  ({st.eta})")
+    counts = Counter(st.state for st in statuses)
+    pending = counts["requested"] + counts["in progress"]
+    etas = sorted({st.eta for st in statuses if st.state != "done"})
+    print(f"\nrun {args.run_id}: {counts['done']} object(s) back in the hot tier, {pending} restoring"
+          + (f"; the provider says: {', '.join(etas)}. Run this command again after that to finish." if pending
+             else "; the run can resume."))
+    return 0
+
+
+def _archive_lifecycle(settings, apply: bool) -> int:
+    import json
+
+    from thrifty import archive
+
+    store = archive.open_checked(settings)
+    rules = archive.lifecycle_rules(store, settings)
+    print(json.dumps(rules, indent=2))
+    print(archive.LIFECYCLE_CAVEAT)
+    if apply:
+        archive.install_lifecycle(store, rules)
+        print(f"installed on {store.uri} (other rules of the bucket kept)")
+    else:
+        print("Not installed: run again with --apply to install these rules.")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from training.cli import add_config_args
 
@@ -199,12 +302,49 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SkyPilot's catalog when on this machine (auto), the shipped table, or the catalog only")
     p.set_defaults(func=cmd_prices)
 
+    p = sub.add_parser("archive", help="move stale checkpoints and cache to cold storage (dry run unless --apply); "
+                                       "restore, gold, pin, unmark, lifecycle")
+    _archive_options(p, top=True)
+    p.add_argument("--apply", action="store_true", help="move the objects (default: only print what would move)")
+    asub = p.add_subparsers(dest="archive_command", metavar="ACTION")
+    q = asub.add_parser("restore", help="start (or finish) restoring a run's archived checkpoints; says how long")
+    q.add_argument("run_id", metavar="RUN_ID")
+    q.add_argument("--priority", choices=["bulk", "standard", "high"], default="standard",
+                   help="retrieval speed (S3 Bulk/Standard/Expedited, Azure Standard/High); faster costs more")
+    q.add_argument("--days", type=int, default=7, help="S3: days a restored copy stays readable until copied back")
+    _archive_options(q)
+    for name, what in (("gold", "keep TARGET hot forever (gold weights)"), ("pin", "keep TARGET hot (pinned)"),
+                       ("unmark", "remove a gold or pin mark")):
+        q = asub.add_parser(name, help=f"{what}; TARGET is a RUN_ID or a key prefix like runs/RUN/ckpt/step-000000120")
+        q.add_argument("target", metavar="TARGET")
+        _archive_options(q)
+    q = asub.add_parser("lifecycle", help="print (or --apply) equivalent S3 / GCS bucket lifecycle rules")
+    q.add_argument("--apply", action="store_true", default=argparse.SUPPRESS, help="install the rules on the bucket")
+    _archive_options(q)
+    p.set_defaults(func=cmd_archive, archive_command=None)
+
     p = sub.add_parser("deploy", help="create the work pool and deploy prefect.yaml to the server at PREFECT_API_URL")
     p.add_argument("--project-dir", default=".", help="the directory holding prefect.yaml (default: the current one)")
     p.add_argument("--alerts-block", default=None, metavar="TYPE/NAME",
                    help="notification block for failure alerts (default: custom-webhook/thrifty-alerts, if it exists)")
     p.set_defaults(func=cmd_deploy)
     return parser
+
+
+def _archive_options(p: argparse.ArgumentParser, top: bool = False) -> None:
+    """The archival settings, accepted before or after the action (the action's copy keeps an earlier value)."""
+    from thrifty.archive import ArchiveSettings
+
+    fields = ArchiveSettings.model_fields
+    default = (lambda name: fields[name].default) if top else (lambda name: argparse.SUPPRESS)
+    p.add_argument("--store", default=default("store"), help=f"the store (default {fields['store'].default})")
+    p.add_argument("--older-than-days", type=float, default=default("older_than_days"),
+                   help=f"{fields['older_than_days'].description} (default {fields['older_than_days'].default:g})")
+    p.add_argument("--active-window-days", type=float, default=default("active_window_days"),
+                   help=f"{fields['active_window_days'].description} (default {fields['active_window_days'].default:g})")
+    p.add_argument("--tier", choices=["archive", "cold"], default=default("tier"), help=fields["tier"].description)
+    p.add_argument("--as-of", default=default("as_of"), metavar="DATE",
+                   help="plan as of this date or time (ISO 8601, e.g. 2027-03-01), to preview a future pass")
 
 
 def main(argv: list[str] | None = None) -> int:

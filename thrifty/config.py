@@ -237,7 +237,7 @@ class RunConfig(_Frozen):
 # ---------------------------------------------------------------- loading
 
 
-def _format_validation_error(err: ValidationError, source: str) -> str:
+def format_validation_error(err: ValidationError, source: str, what: str = "run config") -> str:
     parts = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
@@ -250,7 +250,7 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
             given = e.get("input")
             shown = "" if isinstance(given, (dict, list)) or given is None else f" (got {given!r})"
             parts.append(f"'{loc}': {msg}{shown}")
-    return f"Invalid run config from {source}: " + "; ".join(parts) + ". Fix these settings and run again."
+    return f"Invalid {what} from {source}: " + "; ".join(parts) + ". Fix these settings and run again."
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -305,7 +305,7 @@ def build_config(data: dict[str, Any], source: str = "input") -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_validation_error(err, source)) from None
+        raise ConfigError(format_validation_error(err, source)) from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -476,6 +476,20 @@ class S3Store(_ObjectStore):
             self._client.copy({"Bucket": self.bucket, "Key": name}, self.bucket, name, Config=self._copy,
                               ExtraArgs={"StorageClass": storage_class, "MetadataDirective": "COPY"})
 
+    def merge_lifecycle_rules(self, rules: list[dict]) -> None:
+        """Put ``rules`` into the bucket's lifecycle configuration; rules with the same IDs are replaced, others kept."""
+        ids = {r["ID"] for r in rules}
+        with self._translate("lifecycle read"):
+            try:
+                current = self._client.get_bucket_lifecycle_configuration(Bucket=self.bucket)["Rules"]
+            except Exception as exc:
+                if _s3_error_code(exc) != "NoSuchLifecycleConfiguration":
+                    raise
+                current = []
+        with self._translate("lifecycle write"):
+            self._client.put_bucket_lifecycle_configuration(
+                Bucket=self.bucket, LifecycleConfiguration={"Rules": [r for r in current if r["ID"] not in ids] + rules})
+
     # S3 retrieval tiers by priority, and what AWS documents they take (Deep Archive has no Expedited)
     _RESTORE_TIERS = {"bulk": "Bulk", "standard": "Standard", "high": "Expedited"}
     _RESTORE_ETA = {("GLACIER", "Expedited"): "1-5 minutes", ("GLACIER", "Standard"): "3-5 hours",
@@ -605,6 +619,17 @@ class GCSStore(_ObjectStore):
     def set_storage_class(self, key: str, storage_class: str) -> None:
         with self._translate("storage class change", key):  # a rewrite in place, done inside GCS
             self._bucket.blob(self._name(key)).update_storage_class(storage_class, **self._call)
+
+    def merge_lifecycle_rules(self, rules: list[dict]) -> None:
+        """Add ``rules`` to the bucket's lifecycle; earlier rules with the same prefixes are replaced, others kept."""
+        ours = [sorted(r["condition"].get("matchesPrefix", [])) for r in rules]
+        with self._translate("lifecycle read"):
+            self._bucket.reload(**self._call)
+        kept = [r for r in self._bucket.lifecycle_rules if sorted(r.get("condition", {}).get("matchesPrefix", []))
+                not in ours]
+        self._bucket.lifecycle_rules = kept + rules
+        with self._translate("lifecycle write"):
+            self._bucket.patch(**self._call)
 
     def restore(self, key: str, *, priority: str = "standard", days: int = 7) -> RestoreStatus:
         """GCS's cold classes are online: one rewrite to STANDARD (a retrieval fee per GB, no wait)."""
