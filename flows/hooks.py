@@ -14,7 +14,6 @@ import logging
 from typing import Any, Callable
 
 from tasks.alerts import notify
-from thrifty import savings
 from thrifty.config import RunConfig
 from thrifty.launchers.base import Attempt
 from thrifty.pricing import quote_emulated

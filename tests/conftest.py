@@ -55,4 +55,4 @@ def prefect_harness():
 
 
 # object-store stand-ins (moto, gcp-storage-emulator, Azurite): one of each per session, started on first use
-from stores import azure_standin, gcs_standin, s3_standin  # noqa: E402,F401
+from stores import azure_standin, backend, gcs_standin, loopback_only, s3_standin  # noqa: E402,F401

@@ -16,9 +16,11 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -221,3 +223,119 @@ def azure_standin(tmp_path_factory):
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
         log.close()
+
+
+# ---------------------------------------------------------------------------------------- per-test stores
+
+
+@pytest.fixture
+def loopback_only(monkeypatch):
+    """Every connection or name lookup these tests make stays on this machine: no cloud, no metadata server.
+
+    An attempt elsewhere is refused as an unreachable network would refuse it, and fails the test at teardown
+    (an SDK may wrap or swallow the refusal)."""
+    import socket
+
+    attempts: list[str] = []
+
+    def local(host) -> bool:
+        return (host.decode() if isinstance(host, bytes) else host) in ("127.0.0.1", "localhost", "::1", None)
+
+    real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+    def connect(sock, address):
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and not local(address[0]):
+            attempts.append(f"connect {address}")
+            raise ConnectionRefusedError(f"tests stay on loopback: {address}")
+        return real_connect(sock, address)
+
+    def getaddrinfo(host, *args, **kwargs):
+        if not local(host):
+            attempts.append(f"lookup {host!r}")
+            raise socket.gaierror(socket.EAI_NONAME, f"tests stay on loopback: {host!r}")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield attempts
+    assert not attempts, f"a test reached beyond loopback: {attempts}"
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class Backend:
+    name: str
+    uri: str  # a fresh store root for this test
+    raw_names: Callable[[], list[str]]  # every object name in the bucket, as the service holds it
+    parts: Callable[[str], int | None]  # parts an object (by full name) was uploaded in; None where not observable
+    standard_class: str  # what listing says for a plain write
+
+
+def _file_backend(tmp_path: Path) -> Backend:
+    root = tmp_path / "store"
+
+    def names() -> list[str]:
+        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+    return Backend("file", f"file://{root}", names, lambda name: None, "STANDARD")
+
+
+def _s3_backend(request, monkeypatch) -> Backend:
+    s3 = request.getfixturevalue("s3_standin")
+    apply_env(monkeypatch, s3.env())
+    client, bucket = s3.client(), unique("contract")
+    client.create_bucket(Bucket=bucket)
+
+    def parts(name: str) -> int | None:
+        etag = client.head_object(Bucket=bucket, Key=name)["ETag"].strip('"')
+        return int(etag.rpartition("-")[2]) if "-" in etag else 1  # a multipart ETag ends in -<parts>
+
+    def names() -> list[str]:
+        return sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", []))
+
+    return Backend("s3", f"s3://{bucket}/team/exp1", names, parts, "STANDARD")
+
+
+def _gcs_backend(request, monkeypatch) -> Backend:
+    gcs = request.getfixturevalue("gcs_standin")
+    apply_env(monkeypatch, gcs.env())
+    client, bucket = gcs.client(), unique("contract")
+    client.create_bucket(bucket)
+    # the emulator keeps no trace of resumable chunks: count the chunk PUTs as they arrive
+    from gcp_storage_emulator.handlers import objects
+
+    counted: dict[str, int] = {}
+    real = objects._handle_resumable_chunk
+
+    def count_chunk(response, storage, upload_id, chunk, parsed):
+        data = real(response, storage, upload_id, chunk, parsed)
+        name = storage.get_resumable_file_obj(upload_id)["name"]
+        counted[name] = counted.get(name, 0) + 1
+        return data
+
+    monkeypatch.setattr(objects, "_handle_resumable_chunk", count_chunk)
+    return Backend("gcs", f"gs://{bucket}/team/exp1", lambda: sorted(b.name for b in client.list_blobs(bucket)),
+                   lambda name: counted.get(name, 1), "STANDARD")
+
+
+def _azure_backend(request, monkeypatch) -> Backend:
+    az = request.getfixturevalue("azure_standin")
+    apply_env(monkeypatch, az.env())
+    container = az.client().create_container(unique("contract"))
+
+    def parts(name: str) -> int | None:
+        committed, _ = container.get_blob_client(name).get_block_list("committed")
+        return max(1, len(committed))  # a single-request upload has no blocks
+
+    return Backend("azure", f"az://{container.container_name}/team/exp1",
+                   lambda: sorted(b.name for b in container.list_blobs()), parts, "Hot")
+
+
+@pytest.fixture(params=["file", "s3", "gcs", "azure"])
+def backend(request, monkeypatch, tmp_path) -> Backend:
+    if request.param == "file":
+        return _file_backend(tmp_path)
+    return {"s3": _s3_backend, "gcs": _gcs_backend, "azure": _azure_backend}[request.param](request, monkeypatch)

@@ -10,17 +10,14 @@ import json
 import os
 import subprocess
 import sys
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
-from stores import AZURITE_ACCOUNT, AZURITE_KEY, REPO, apply_env, child_env, isolated_env
+from stores import AZURITE_ACCOUNT, AZURITE_KEY, REPO, apply_env, child_env, isolated_env, unique
 from thrifty.config import ConfigError, RunConfig
 from thrifty.preflight import check_before_spending
-from thrifty.storage import NotFound, StoreError, check_store, open_store
+from thrifty.storage import Archived, NotFound, StoreError, check_store, open_store
 
 pytestmark = pytest.mark.slow
 
@@ -29,36 +26,8 @@ BIG_BYTES = 12 << 20  # above GCS's 8 MiB single-request limit and more than two
 
 
 @pytest.fixture(autouse=True)
-def loopback_only(monkeypatch):
-    """Every connection or name lookup these tests make stays on this machine: no cloud, no metadata server.
-
-    An attempt elsewhere is refused as an unreachable network would refuse it, and fails the test at teardown
-    (an SDK may wrap or swallow the refusal)."""
-    import socket
-
-    attempts: list[str] = []
-
-    def local(host) -> bool:
-        return (host.decode() if isinstance(host, bytes) else host) in ("127.0.0.1", "localhost", "::1", None)
-
-    real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
-
-    def connect(sock, address):
-        if sock.family in (socket.AF_INET, socket.AF_INET6) and not local(address[0]):
-            attempts.append(f"connect {address}")
-            raise ConnectionRefusedError(f"tests stay on loopback: {address}")
-        return real_connect(sock, address)
-
-    def getaddrinfo(host, *args, **kwargs):
-        if not local(host):
-            attempts.append(f"lookup {host!r}")
-            raise socket.gaierror(socket.EAI_NONAME, f"tests stay on loopback: {host!r}")
-        return real_getaddrinfo(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    yield attempts
-    assert not attempts, f"a test reached beyond loopback: {attempts}"
+def _stay_on_loopback(loopback_only):
+    yield loopback_only
 
 
 def test_the_loopback_guard_bites(monkeypatch, loopback_only):
@@ -68,86 +37,6 @@ def test_the_loopback_guard_bites(monkeypatch, loopback_only):
         check_store("s3://bucket/x")
     assert loopback_only and all("192.0.2.1" in a for a in loopback_only)
     loopback_only.clear()
-
-
-def unique(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:12]}"
-
-
-@dataclass
-class Backend:
-    name: str
-    uri: str  # a fresh store root for this test
-    raw_names: Callable[[], list[str]]  # every object name in the bucket, as the service holds it
-    parts: Callable[[str], int | None]  # parts an object (by full name) was uploaded in; None where not observable
-    standard_class: str  # what listing says for a plain write
-
-
-def _file_backend(tmp_path: Path) -> Backend:
-    root = tmp_path / "store"
-
-    def names() -> list[str]:
-        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-
-    return Backend("file", f"file://{root}", names, lambda name: None, "STANDARD")
-
-
-def _s3_backend(request, monkeypatch) -> Backend:
-    s3 = request.getfixturevalue("s3_standin")
-    apply_env(monkeypatch, s3.env())
-    client, bucket = s3.client(), unique("contract")
-    client.create_bucket(Bucket=bucket)
-
-    def parts(name: str) -> int | None:
-        etag = client.head_object(Bucket=bucket, Key=name)["ETag"].strip('"')
-        return int(etag.rpartition("-")[2]) if "-" in etag else 1  # a multipart ETag ends in -<parts>
-
-    def names() -> list[str]:
-        return sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", []))
-
-    return Backend("s3", f"s3://{bucket}/team/exp1", names, parts, "STANDARD")
-
-
-def _gcs_backend(request, monkeypatch) -> Backend:
-    gcs = request.getfixturevalue("gcs_standin")
-    apply_env(monkeypatch, gcs.env())
-    client, bucket = gcs.client(), unique("contract")
-    client.create_bucket(bucket)
-    # the emulator keeps no trace of resumable chunks: count the chunk PUTs as they arrive
-    from gcp_storage_emulator.handlers import objects
-
-    counted: dict[str, int] = {}
-    real = objects._handle_resumable_chunk
-
-    def count_chunk(response, storage, upload_id, chunk, parsed):
-        data = real(response, storage, upload_id, chunk, parsed)
-        name = storage.get_resumable_file_obj(upload_id)["name"]
-        counted[name] = counted.get(name, 0) + 1
-        return data
-
-    monkeypatch.setattr(objects, "_handle_resumable_chunk", count_chunk)
-    return Backend("gcs", f"gs://{bucket}/team/exp1", lambda: sorted(b.name for b in client.list_blobs(bucket)),
-                   lambda name: counted.get(name, 1), "STANDARD")
-
-
-def _azure_backend(request, monkeypatch) -> Backend:
-    az = request.getfixturevalue("azure_standin")
-    apply_env(monkeypatch, az.env())
-    container = az.client().create_container(unique("contract"))
-
-    def parts(name: str) -> int | None:
-        committed, _ = container.get_blob_client(name).get_block_list("committed")
-        return max(1, len(committed))  # a single-request upload has no blocks
-
-    return Backend("azure", f"az://{container.container_name}/team/exp1",
-                   lambda: sorted(b.name for b in container.list_blobs()), parts, "Hot")
-
-
-@pytest.fixture(params=["file", "s3", "gcs", "azure"])
-def backend(request, monkeypatch, tmp_path) -> Backend:
-    if request.param == "file":
-        return _file_backend(tmp_path)
-    return {"s3": _s3_backend, "gcs": _gcs_backend, "azure": _azure_backend}[request.param](request, monkeypatch)
 
 
 @pytest.fixture
@@ -231,10 +120,10 @@ class TestStoreContract:
 # ---------------------------------------------------------------------------------------- storage classes
 
 
-COLD = {"s3": "GLACIER", "gcs": "COLDLINE", "azure": "Cool"}  # each service's own name for a colder class
+COLD = {"file": "ARCHIVE", "s3": "GLACIER", "gcs": "COLDLINE", "azure": "Cool"}  # each service's own name for a colder class
 
 
-@pytest.mark.parametrize("backend", ["s3", "gcs", "azure"], indirect=True)
+@pytest.mark.parametrize("backend", ["file", "s3", "gcs", "azure"], indirect=True)
 def test_storage_class_change_shows_in_listing(store, backend):
     store.put_bytes("runs/old/ckpt/step-000000007/state.pt", b"weights")
     store.put_bytes("runs/new/ckpt/step-000000007/state.pt", b"weights")
@@ -247,19 +136,34 @@ def test_storage_class_change_shows_in_listing(store, backend):
         store.set_storage_class("runs/never/written", COLD[backend.name])
 
 
-def test_file_store_has_no_cold_class(tmp_path):
+def test_file_store_archive_area(tmp_path):
+    """A file store's cold tier: an archive/ area; the object keeps its key, reads say restore, a write supersedes it."""
     store = open_store(str(tmp_path / "store"))
-    store.put_bytes("a.bin", b"x")
-    with pytest.raises(StoreError, match="one storage class"):
-        store.set_storage_class("a.bin", "GLACIER")
+    store.put_bytes("runs/a/x.bin", b"x")
+    with pytest.raises(StoreError, match="two storage classes"):
+        store.set_storage_class("runs/a/x.bin", "GLACIER")
+    store.set_storage_class("runs/a/x.bin", "ARCHIVE")
+    store.set_storage_class("runs/a/x.bin", "ARCHIVE")  # again: nothing to do
+    assert (tmp_path / "store/archive/runs/a/x.bin").is_file() and not (tmp_path / "store/runs").exists()
+    assert store.exists("runs/a/x.bin") and [(o.key, o.storage_class) for o in store.list()] == [
+        ("runs/a/x.bin", "ARCHIVE")]
+    with pytest.raises(Archived, match="restore"):
+        store.get_file("runs/a/x.bin", tmp_path / "out.bin")
+    assert store.restore("runs/a/x.bin").state == "done" and store.get_bytes("runs/a/x.bin") == b"x"
+    store.set_storage_class("runs/a/x.bin", "ARCHIVE")
+    store.put_bytes("runs/a/x.bin", b"new")  # a new write supersedes the archived copy
+    assert not (tmp_path / "store/archive/runs").exists() and store.get_bytes("runs/a/x.bin") == b"new"
+    with pytest.raises(StoreError, match="reserved"):
+        store.put_bytes("archive/x.bin", b"x")
 
 
 @pytest.mark.parametrize("backend, cold, says",
-                         [("s3", "GLACIER", "restore-object"), ("azure", "Archive", "rehydrate")], indirect=["backend"])
+                         [("file", "ARCHIVE", "restore"), ("s3", "GLACIER", "restore-object"),
+                          ("azure", "Archive", "rehydrate")], indirect=["backend"])
 def test_reading_an_archived_object_says_restore_it_first(store, cold, says):
     store.put_bytes("runs/old/state.pt", b"weights")
     store.set_storage_class("runs/old/state.pt", cold)
-    with pytest.raises(StoreError, match=says):
+    with pytest.raises(Archived, match=says):
         store.get_bytes("runs/old/state.pt")
 
 
