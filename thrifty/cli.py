@@ -234,7 +234,7 @@ def _archive_restore(settings, args: argparse.Namespace) -> int:
         print(f"run {args.run_id}: nothing is archived; it can resume as it is")
         return 0
     for st in statuses:
-        print(f"{st.state:<12} {st.key}  ({st.eta})")
+        print(f"{st.state:<12} {st.key}" + (f"  (the provider says {st.eta})" if st.state != "done" else ""))
     counts = Counter(st.state for st in statuses)
     pending = counts["requested"] + counts["in progress"]
     etas = sorted({st.eta for st in statuses if st.state != "done"})

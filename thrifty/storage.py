@@ -738,18 +738,29 @@ class AzureStore(_ObjectStore):
                     "name, the network, or the BlobEndpoint in AZURE_STORAGE_CONNECTION_STRING")
         return None
 
+    def _write(self, key: str, upload) -> None:
+        try:
+            with self._translate("write", key):
+                upload()
+        except Archived:  # Azure will not overwrite an archived blob; its old bytes are unreadable anyway: replace it
+            self.delete(key)
+            with self._translate("write", key):
+                upload()
+
     def put_bytes(self, key: str, data: bytes) -> None:
-        with self._translate("write"):
-            self._container.upload_blob(self._name(key), data, overwrite=True)
+        self._write(key, lambda: self._container.upload_blob(self._name(key), data, overwrite=True))
 
     def get_bytes(self, key: str) -> bytes:
         with self._translate("read", key):
             return self._container.download_blob(self._name(key)).readall()
 
     def put_file(self, key: str, local_path: str | Path) -> None:
-        with self._translate("write"), open(local_path, "rb") as f:
-            self._container.upload_blob(self._name(key), f, length=os.fstat(f.fileno()).st_size,
-                                        overwrite=True, max_concurrency=4)
+        def upload() -> None:
+            with open(local_path, "rb") as f:
+                self._container.upload_blob(self._name(key), f, length=os.fstat(f.fileno()).st_size,
+                                            overwrite=True, max_concurrency=4)
+
+        self._write(key, upload)
 
     def get_file(self, key: str, local_path: str | Path) -> None:
         def fetch(tmp: str) -> None:

@@ -3,8 +3,9 @@
 ``<store>/cache/<key>/`` holds ``.npy`` shards and, written last, ``manifest.json``; the key
 hashes the raw data's content fingerprint, the recipe's preprocessing source and its params.
 A directory without a manifest is an unfinished write and is never read. Every hit rewrites a
-small ``LAST_USED`` object, so the archiver can tell a cache entry in use from a stale one; an
-entry whose manifest was archived is a miss and is rebuilt (cheaper than waiting for a restore).
+small ``LAST_USED`` object, so the archiver can tell a cache entry in use from a stale one. An
+entry whose manifest cannot be read because it was archived (S3, Azure, file) is a miss and is
+rebuilt, sooner than a restore; GCS reads its cold classes in place, so there it stays a hit.
 """
 
 from __future__ import annotations
