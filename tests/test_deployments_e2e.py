@@ -24,12 +24,14 @@ from prefect import Flow
 
 from deployments.deploy import WORK_POOL, WORK_POOL_TYPE
 from conftest import REPO, python_env
+from thrifty.archive import build_settings
 from thrifty.config import build_config
 
 BIN = Path(sys.executable).parent
 SPEC = yaml.safe_load((REPO / "prefect.yaml").read_text())
 DEPLOYMENTS = {d["name"]: d for d in SPEC["deployments"]}
 NIGHTLY_CRON, NIGHTLY_TZ = "0 3 * * *", "America/New_York"
+WEEKLY_CRON = "0 5 * * 0"  # Sundays
 
 
 def load_entrypoint(entrypoint: str) -> Any:
@@ -55,7 +57,7 @@ def strings(node: Any) -> Iterator[str]:
 
 def test_prefect_yaml_matches_the_code():
     assert SPEC["name"] == "thrifty" and SPEC["prefect-version"] == "3.8.8"
-    assert set(DEPLOYMENTS) == {"train", "nightly-retrain"}
+    assert set(DEPLOYMENTS) == {"train", "nightly-retrain", "weekly-archive"}
     assert "pull" not in SPEC and not any("pull" in d for d in DEPLOYMENTS.values()), \
         "no pull section: `prefect deploy` records the project directory itself"
     assert not [s for s in strings(SPEC) if s.startswith(("/", "~"))], "no machine paths in prefect.yaml"
@@ -67,6 +69,11 @@ def test_prefect_yaml_matches_the_code():
         assert set(params) <= set(flow.parameters.properties), f"{name}: unknown flow parameters"
         if "config" in params:
             build_config(params["config"], source=f"prefect.yaml {name}")  # raises ConfigError when invalid
+    weekly = DEPLOYMENTS["weekly-archive"]
+    build_settings({k: v for k, v in weekly["parameters"].items() if k != "dry_run"}, "prefect.yaml weekly-archive")
+    assert weekly["parameters"]["dry_run"] is False and weekly["concurrency_limit"] == 1
+    [schedule] = weekly["schedules"]
+    assert (schedule["cron"], schedule["timezone"]) == (WEEKLY_CRON, NIGHTLY_TZ)
     nightly = DEPLOYMENTS["nightly-retrain"]
     assert nightly["parameters"]["config"]["run_name"] == "nightly-{date}"
     assert nightly["concurrency_limit"] == 1
@@ -236,6 +243,7 @@ def test_deployments_registered_on_the_server(deployed):
         pool = client.read_work_pool(WORK_POOL)
         train = client.read_deployment_by_name("thrifty-train/train")
         nightly = client.read_deployment_by_name("thrifty-train/nightly-retrain")
+        weekly = client.read_deployment_by_name("thrifty-archive/weekly-archive")
         cutoff = client.read_automations_by_name("thrifty-budget-cutoff")
     assert pool.type == WORK_POOL_TYPE
     # no pull section in prefect.yaml: `prefect deploy` recorded the directory it ran in
@@ -248,6 +256,9 @@ def test_deployments_registered_on_the_server(deployed):
     # deployment.concurrency_limit is always None in Prefect 3: the limit lives on a global concurrency limit
     assert nightly.global_concurrency_limit is not None and nightly.global_concurrency_limit.limit == 1
     assert nightly.parameters["config"]["run_name"] == "nightly-{date}"
+    [schedule] = weekly.schedules
+    assert (schedule.schedule.cron, schedule.schedule.timezone) == (WEEKLY_CRON, NIGHTLY_TZ)
+    assert weekly.work_pool_name == WORK_POOL and weekly.parameters["dry_run"] is False
     assert train.enforce_parameter_schema and nightly.enforce_parameter_schema
     # thrifty deploy installed the budget cut-off automation (the failure alert needs a notification block)
     assert len(cutoff) == 1 and cutoff[0].actions[0].type == "cancel-flow-run"
