@@ -166,9 +166,6 @@ class Plan:
         todo = [i for i in self.items if i.action == "archive"]
         return sorted(todo, key=lambda i: (i.group, i.key.rpartition("/")[2] not in COMMIT_NAMES, i.key))
 
-    def bytes_to_archive(self) -> int:
-        return sum(i.size for i in self.to_archive)
-
 
 def _group(key: str) -> str:
     m = _CKPT.match(key) or _CACHE.match(key)

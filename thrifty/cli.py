@@ -262,6 +262,7 @@ def _archive_lifecycle(settings, apply: bool) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from thrifty.storage import RESTORE_PRIORITIES
     from training.cli import add_config_args
 
     parser = argparse.ArgumentParser(prog="thrifty", description="Cheap, safe model training on spot GPUs.")
@@ -309,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     asub = p.add_subparsers(dest="archive_command", metavar="ACTION")
     q = asub.add_parser("restore", help="start (or finish) restoring a run's archived checkpoints; says how long")
     q.add_argument("run_id", metavar="RUN_ID")
-    q.add_argument("--priority", choices=["bulk", "standard", "high"], default="standard",
+    q.add_argument("--priority", choices=RESTORE_PRIORITIES, default="standard",
                    help="retrieval speed (S3 Bulk/Standard/Expedited, Azure Standard/High); faster costs more")
     q.add_argument("--days", type=int, default=7, help="S3: days a restored copy stays readable until copied back")
     _archive_options(q)
@@ -348,6 +349,11 @@ def _archive_options(p: argparse.ArgumentParser, top: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
+    # the temporary Prefect server `run` and `archive --apply` start should not phone home (and log an ERROR
+    # offline); set PREFECT_SERVER_ANALYTICS_ENABLED=true to allow it
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     args = build_parser().parse_args(argv)
     return args.func(args)
 
