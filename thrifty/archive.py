@@ -283,6 +283,8 @@ def apply(store: Store, p: Plan, progress: Callable[[int, int, Item], None] | No
     Before a run's checkpoints move, its ledger and checkpoints are read again: a run that started
     or wrote a checkpoint since the scan is left alone (the next pass will see it as it is).
     """
+    from training.runtime import fault_point
+
     out = Outcome()
     todo = p.to_archive
     rechecked: dict[str, bool] = {}
@@ -312,6 +314,7 @@ def apply(store: Store, p: Plan, progress: Callable[[int, int, Item], None] | No
             failed_groups.add(item.group)
         else:
             out.moved.append(item)
+            fault_point("archive_move")  # crash tests: THRIFTY_FAULT=archive_move:<n> kills the pass here
     return out
 
 

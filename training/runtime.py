@@ -150,7 +150,7 @@ def fault_point(point: str) -> None:
     """Test hook for crash tests: THRIFTY_FAULT=<point>:<n> SIGKILLs this process the n-th time it passes ``point``.
 
     Points: ``step`` (after an optimizer step), ``after_data`` (checkpoint data written, commit not yet),
-    ``after_commit``. Unset in normal runs, where this is one dictionary lookup.
+    ``after_commit``, ``archive_move`` (an object moved to the cold tier). Unset in normal runs, where this is one dictionary lookup.
     """
     spec = os.environ.get("THRIFTY_FAULT")
     if not spec or not spec.startswith(point + ":"):
