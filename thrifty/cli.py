@@ -220,6 +220,9 @@ def _archive_mark(settings, action: str, target: str) -> int:
     policy.save(store)
     policy = archive.Policy.load(store)
     print(f"{archive.POLICY_KEY} in {store.uri}: gold {policy.gold or '[]'}, pinned {policy.pinned or '[]'}")
+    if action != "unmark" and not store.list(prefix):
+        print(f"warning: nothing in the store starts with {prefix} yet (a typo?); the mark applies once it does",
+              file=sys.stderr)
     return 0
 
 

@@ -256,9 +256,11 @@ class FileStore:
             elif not cold.is_file():
                 raise NotFound(key)
         elif storage_class.upper() == "STANDARD":
-            if cold.is_file() and not hot.exists():
+            if hot.is_file():
+                self._dropped_archived_copy(key)  # a hot write newer than a leftover archived copy wins
+            elif cold.is_file():
                 self._move(cold, hot, self._archive)
-            elif not hot.is_file():
+            else:
                 raise NotFound(key)
         else:
             raise StoreError(f"store {self.uri!r}: a file store has two storage classes, STANDARD and "
