@@ -14,6 +14,7 @@ from thrifty.archive import ArchiveSettings, Outcome, Plan
 
 ARTIFACT_KEY = "thrifty-archive"
 PROGRESS_EVERY_S = 10.0
+ARTIFACT_ROWS = 300  # a store with thousands of checkpoints still makes a readable artifact
 
 
 @task(name="scan-store", cache_policy=NO_CACHE)
@@ -51,6 +52,6 @@ def move_to_cold(settings: ArchiveSettings, plan: Plan) -> Outcome:
 @task(name="archive-report", cache_policy=NO_CACHE)
 def publish_report(plan: Plan, outcome: Outcome | None) -> dict[str, Any]:
     """A markdown artifact (key thrifty-archive): bytes, monthly dollars saved, and every decision's reason."""
-    create_markdown_artifact(archive.markdown(plan, outcome), key=ARTIFACT_KEY,
+    create_markdown_artifact(archive.markdown(plan, outcome, max_rows=ARTIFACT_ROWS), key=ARTIFACT_KEY,
                              description=f"Stale-artifact archival of {plan.settings.store}")
     return archive.summary(plan, outcome)

@@ -90,7 +90,7 @@ def test_stale_checkpoints_move_gold_and_live_stay(scenario, backend):
     assert reasons["runs/done/ckpt/step-000000030/"] == "pinned"
     assert reasons["runs/live/ckpt/step-000000030/"] == "latest checkpoint of a running run"
     assert reasons["runs/gold/ckpt/step-000000010/"] == "marked gold"
-    assert reasons["runs/done/ledger.jsonl"].startswith("run metadata")
+    assert reasons["runs/done/"].startswith("run metadata")
 
     # a second pass changes nothing
     again = archive.scan(store, settings(store))
@@ -248,6 +248,14 @@ def test_monthly_savings_from_the_storage_price_table():
     assert s3.usd_per_month == pytest.approx(10 * (0.023 - 0.00099)) and "180 days" in s3.note
     assert archive.monthly_savings(items, "gs://b", "COLDLINE").usd_per_month == pytest.approx(10 * (0.020 - 0.004))
     assert archive.monthly_savings(items, "/tmp/x", "ARCHIVE").usd_per_month is None
+
+
+def test_report_rows_are_capped_for_big_stores():
+    objects = [obj(f"runs/r{n}/ckpt/step-000000010/state.pt", 200) for n in range(30)]
+    p = archive.plan(objects, {}, Policy(), ArchiveSettings(store="s3://b"), LATER)
+    text = archive.markdown(p, max_rows=10)
+    assert text.count("| archive | `runs/") == 10 and "20 more rows" in text
+    assert "| to archive | 30 objects in 30 checkpoints" in text and "$0.00" in text
 
 
 def test_bad_settings_are_clear():

@@ -45,6 +45,7 @@ TIERS: dict[str, dict[str, str]] = {
 
 _CKPT = re.compile(r"^runs/([^/]+)/ckpt/step-(\d{9})/")
 _CACHE = re.compile(r"^cache/([^/]+)/")
+_RUN = re.compile(r"^runs/([^/]+)/")
 
 
 def _scheme(store_uri: str) -> str:
@@ -168,7 +169,8 @@ class Plan:
 
 
 def _group(key: str) -> str:
-    m = _CKPT.match(key) or _CACHE.match(key)
+    """A checkpoint directory or a cache entry (they move whole); a run's other objects are its metadata."""
+    m = _CKPT.match(key) or _CACHE.match(key) or _RUN.match(key)
     return m.group(0) if m else key
 
 
@@ -211,7 +213,7 @@ def plan(objects: list[ObjectInfo], runs: dict[str, RunFacts], policy: Policy, s
             elif modified >= stale_before:
                 action, reason = "keep", f"modified within {settings.older_than_days:g} days"
         elif o.key.startswith("runs/"):
-            action, reason = "keep", "run metadata (ledger, metrics, summary) stays readable"
+            action, reason = "keep", "run metadata (ledger, metrics, summary, logs) stays readable"
         elif modified >= stale_before:
             action, reason = "keep", f"cache entry used within {settings.older_than_days:g} days"
         items.append(Item(o.key, group, o.size, o.storage_class, o.last_modified, action, reason))
@@ -375,8 +377,9 @@ def summary(p: Plan, outcome: Outcome | None = None) -> dict[str, Any]:
     return out
 
 
-def markdown(p: Plan, outcome: Outcome | None = None) -> str:
-    """The pass as a report: totals, then each group to archive and each kept group with its reason."""
+def markdown(p: Plan, outcome: Outcome | None = None, max_rows: int | None = None) -> str:
+    """The pass as a report: totals, then each group to archive and each kept group with its reason
+    (the first ``max_rows`` of them, archive rows first, when given)."""
     s = summary(p, outcome)
     usd = "n/a" if s["usd_per_month_saved"] is None else f"${s['usd_per_month_saved']:.2f}"
     head = "Dry run: nothing moved" if outcome is None else (
@@ -397,10 +400,13 @@ def markdown(p: Plan, outcome: Outcome | None = None) -> str:
     for i in p.items:
         if i.action != "skip":
             groups[(i.action, i.group, i.reason)].append(i)
-    lines += ["| action | checkpoint / cache entry / object | objects | bytes | why |", "|---|---|---|---|---|"]
-    for (action, group, reason), members in sorted(groups.items()):
+    lines += ["| action | checkpoint / cache entry / run | objects | bytes | why |", "|---|---|---|---|---|"]
+    rows = sorted(groups.items())
+    for (action, group, reason), members in rows[:max_rows]:
         lines.append(f"| {action} | `{group}` | {len(members)} | {human_bytes(sum(m.size for m in members))} | "
                      f"{reason} |")
+    if max_rows is not None and len(rows) > max_rows:
+        lines.append(f"\n{len(rows) - max_rows} more rows; `thrifty archive` (a dry run) lists them all.")
     if outcome is not None and outcome.failed:
         lines += ["", "## Failed", ""] + [f"- `{i.key}`: {why}" for i, why in outcome.failed]
     return "\n".join(lines) + "\n"
