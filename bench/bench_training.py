@@ -59,8 +59,8 @@ def run_config(store: str, name: str, every: int | str, args: argparse.Namespace
             "micro_batch": args.micro_batch,
             "lr": 3e-3,
             "warmup_steps": 20,
-            "precision": "fp32",
-            "device": "cpu",
+            "precision": args.precision,
+            "device": args.device,
             "checkpoint_every": every,
             "mean_time_between_preemptions_s": args.mtbp,
             "eval_every": args.steps,  # one validation, at the end: the same work in both arms
@@ -124,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=16, help="windows of 129 tokens per step (default 16)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: steadier on a shared machine; 0 = torch's default)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train (default cpu)")
+    ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                    help="autocast precision (default fp32; bf16 on a GPU)")
     ap.add_argument("--repeats", type=int, default=2, help="auto/off pairs, run ABBA (default 2)")
     ap.add_argument("--mtbp", type=float, default=600.0,
                     help="train.mean_time_between_preemptions_s for auto (default 600 s, so several saves happen)")
@@ -144,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"codelm preprocessing: {cache.seconds:.2f} s ({'hit' if cache.hit else 'miss'}), "
               f"cache hit after: {hit.seconds * 1000:.1f} ms; torch threads: {torch.get_num_threads()}, "
               f"cpus: {os.cpu_count()}; {args.steps} steps x {args.micro_batch} windows per run, "
-              f"mtbp {args.mtbp:.0f} s", flush=True)
+              f"mtbp {args.mtbp:.0f} s; {args.device} {args.precision}"
+              + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""), flush=True)
 
         runs = []
         stamp = time.strftime("%H%M%S")
