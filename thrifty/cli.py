@@ -271,26 +271,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="thrifty", description="Cheap, safe model training on spot GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("train", help="run the training program here (what a cloud node runs); resumes automatically")
-    add_config_args(p)
-    p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser("run", help="run the main job: preprocess, smoke test, launch and watch, report (Prefect flow)")
-    add_config_args(p)
-    p.set_defaults(func=cmd_run)
-
-    p = sub.add_parser("smoke", help="run the CPU smoke test alone (no Prefect, nothing launched)")
-    add_config_args(p)
-    p.set_defaults(func=cmd_smoke)
-
-    p = sub.add_parser("report", help="print the cross-run savings table of the config's store")
-    add_config_args(p)
-    p.set_defaults(func=cmd_report)
-
-    p = sub.add_parser("config", help="print the resolved RunConfig")
-    add_config_args(p)
-    p.add_argument("--schema", action="store_true", help="print the JSON schema instead")
-    p.set_defaults(func=cmd_config)
+    with_config = (
+        ("train", "run the training program here (what a cloud node runs); resumes automatically", cmd_train),
+        ("run", "run the main job: preprocess, smoke test, launch and watch, report (Prefect flow)", cmd_run),
+        ("smoke", "run the CPU smoke test alone (no Prefect, nothing launched)", cmd_smoke),
+        ("report", "print the cross-run savings table of the config's store", cmd_report),
+        ("config", "print the resolved RunConfig", cmd_config),
+    )
+    for name, what, func in with_config:
+        p = sub.add_parser(name, help=what)
+        add_config_args(p)
+        p.set_defaults(func=func)
+        if name == "config":
+            p.add_argument("--schema", action="store_true", help="print the JSON schema instead")
 
     p = sub.add_parser("plan", help="print the SkyPilot task YAML and the estimated cost of its cheapest candidates (offline)")
     add_config_args(p)

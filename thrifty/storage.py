@@ -17,7 +17,7 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 from urllib.parse import urlparse
 
 
@@ -105,20 +105,29 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a crash leaves either the old file or the new one, never half."""
+def replace_atomically(path: str | Path, fill: Callable[[str], None], *, durable: bool = True) -> None:
+    """Make ``path`` by ``fill``-ing a temp file beside it, then one rename: a crash or a failed ``fill``
+    leaves the old file (or none), never half a new one. ``durable`` also fsyncs the data and the directory."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        fill(tmp)
+        if durable:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so a crash leaves either the old file or the new one, never half."""
+    replace_atomically(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 FILE_ARCHIVE_AREA = "archive"  # a file store's cold tier: <root>/archive/<key>; keys may not start with it
@@ -171,19 +180,7 @@ class FileStore:
             raise NotFound(key) from None
 
     def put_file(self, key: str, local_path: str | Path) -> None:
-        dest = self._path(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            shutil.copyfile(local_path, tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        fsync_dir(dest.parent)
+        replace_atomically(self._path(key), lambda tmp: shutil.copyfile(local_path, tmp))
         self._dropped_archived_copy(key)
 
     def get_file(self, key: str, local_path: str | Path) -> None:
@@ -289,20 +286,6 @@ def _split_bucket_uri(uri: str) -> tuple[str, str, str]:
         what = "container" if scheme == "az" else "bucket"
         raise StoreError(f"store {uri!r}: no {what} name; write it as {scheme}://{what}/prefix")
     return scheme, bucket, "/".join(p for p in prefix.split("/") if p)
-
-
-def _replace_from_temp(local_path: str | Path, fetch) -> None:
-    """Download through a temp file beside ``local_path`` so a failed fetch never leaves half a file there."""
-    dest = Path(local_path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        fetch(tmp)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class _ObjectStore:
@@ -445,8 +428,8 @@ class S3Store(_ObjectStore):
 
     def get_file(self, key: str, local_path: str | Path) -> None:
         with self._translate("read", key):
-            _replace_from_temp(local_path, lambda tmp: self._client.download_file(
-                self.bucket, self._name(key), tmp, Config=self._transfer))
+            replace_atomically(local_path, lambda tmp: self._client.download_file(
+                self.bucket, self._name(key), tmp, Config=self._transfer), durable=False)
 
     def exists(self, key: str) -> bool:
         try:
@@ -599,7 +582,7 @@ class GCSStore(_ObjectStore):
     def get_file(self, key: str, local_path: str | Path) -> None:
         with self._translate("read", key):
             blob = self._bucket.blob(self._name(key), chunk_size=self._chunk_bytes)
-            _replace_from_temp(local_path, lambda tmp: blob.download_to_filename(tmp, **self._call))
+            replace_atomically(local_path, lambda tmp: blob.download_to_filename(tmp, **self._call), durable=False)
 
     def exists(self, key: str) -> bool:
         with self._translate("read"):
@@ -770,7 +753,7 @@ class AzureStore(_ObjectStore):
                 self._container.download_blob(self._name(key), max_concurrency=4).readinto(f)
 
         with self._translate("read", key):
-            _replace_from_temp(local_path, fetch)
+            replace_atomically(local_path, fetch, durable=False)
 
     def exists(self, key: str) -> bool:
         with self._translate("read"):
