@@ -21,7 +21,7 @@ def archive_stale(store: str = ".thrifty/store", older_than_days: float = 90.0, 
     settings = build_settings({"store": store, "older_than_days": older_than_days,
                                "active_window_days": active_window_days, "tier": tier, "as_of": as_of},
                               "the flow's parameters")
-    plan = scan_store(settings)
+    plan = scan_store(settings, writable=not dry_run)
     outcome = None if dry_run else move_to_cold(settings, plan)
     result = publish_report(plan, outcome)
     if outcome is not None and outcome.failed:

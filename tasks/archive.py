@@ -18,10 +18,11 @@ ARTIFACT_ROWS = 300  # a store with thousands of checkpoints still makes a reada
 
 
 @task(name="scan-store", cache_policy=NO_CACHE)
-def scan_store(settings: ArchiveSettings) -> Plan:
-    """List runs and cache, read ledgers and checkpoint records, and plan the pass (nothing moves)."""
+def scan_store(settings: ArchiveSettings, writable: bool) -> Plan:
+    """List runs and cache, read ledgers and checkpoint records, and plan the pass (nothing moves).
+    ``writable`` (a real pass) checks with a probe write first that the objects can be moved."""
     logger = get_run_logger()
-    store = archive.open_checked(settings)
+    store = archive.open_checked(settings, writable)
     plan = archive.scan(store, settings)
     s = archive.summary(plan)
     logger.info("%d objects scanned in %s: %d to archive (%s) in %d checkpoints / cache entries, %d already cold",

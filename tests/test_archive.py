@@ -350,3 +350,21 @@ def test_cli_dry_run_marks_and_restore(tmp_path, capsys):
     assert "4 object(s) back in the hot tier, 0 restoring; the run can resume" in capsys.readouterr().out
     assert main(["archive", "--store", str(root), "--older-than-days", "0"]) == 2
     assert "older_than_days" in capsys.readouterr().err
+
+
+def test_a_dry_run_needs_no_write_access(tmp_path, monkeypatch, capsys):
+    """Read-only credentials can preview a pass; moving needs the probe write to pass first."""
+    from thrifty.cli import main
+    from thrifty.storage import StoreError
+
+    root = tmp_path / "store"
+    save_run(open_store(str(root)), "done", [0.5, 0.3, 0.4])
+
+    def denied(uri):
+        raise StoreError(f"store {uri!r}: access denied (write); grant the identity in use s3:PutObject")
+
+    monkeypatch.setattr(archive, "check_store", denied)
+    assert main(["archive", "--store", str(root), "--as-of", LATER.date().isoformat()]) == 0
+    assert "| to archive | 4 objects" in capsys.readouterr().out
+    assert main(["archive", "gold", "done", "--store", str(root)]) == 2
+    assert "access denied (write)" in capsys.readouterr().err

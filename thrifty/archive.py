@@ -248,10 +248,13 @@ def _runs_of(objects: list[ObjectInfo]) -> dict[str, list[ObjectInfo]]:
     return runs
 
 
-def open_checked(settings: ArchiveSettings) -> Store:
-    """The store, checked (a probe write) before anything is planned: a wrong credential fails here."""
+def open_checked(settings: ArchiveSettings, writable: bool = True) -> Store:
+    """The store; ``writable`` checks it first with a probe write, so a credential that may not write fails
+    before anything moves. A dry run needs only list and read (read-only credentials do), and a listing
+    error names the store and the fix just the same."""
     try:
-        check_store(settings.store)
+        if writable:
+            check_store(settings.store)
         return open_store(settings.store)
     except StoreError as exc:
         raise ConfigError(str(exc)) from None

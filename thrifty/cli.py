@@ -29,7 +29,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = resolve_config(args)
         check_before_spending(cfg)
     except ConfigError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
+        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
     console.print(f"[bold]thrifty run[/] {cfg.run_name}: recipe {cfg.recipe}, store {cfg.store}, "
                   f"{cfg.compute.launcher} launcher ({cfg.compute.emulate} {'spot' if cfg.compute.use_spot else 'on-demand'})")
@@ -37,7 +37,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     state = train_pipeline(config=cfg, return_state=True)
     if not state.is_completed():
-        console.print(f"[red]run {cfg.run_name} {state.name.lower()}:[/] {state.message}", highlight=False)
+        console.print(f"[red]run {cfg.run_name} {state.name.lower()}:[/] {state.message}", highlight=False, soft_wrap=True)
         return 1
     out = state.result()
     summary = out["summary"] or {}
@@ -185,7 +185,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
                                   active_window_days=settings.active_window_days, tier=settings.tier,
                                   as_of=settings.as_of, dry_run=False, return_state=True)
             if not state.is_completed():
-                console.print(f"[red]archive {state.name.lower()}:[/] {state.message}", highlight=False)
+                console.print(f"[red]archive {state.name.lower()}:[/] {state.message}", highlight=False, soft_wrap=True)
                 return 1
             s = state.result()
             print(f"moved {s['moved']} objects ({archive.human_bytes(s['bytes_moved'])}) to {s['target_class']}; "
@@ -193,14 +193,14 @@ def cmd_archive(args: argparse.Namespace) -> int:
                   "'thrifty-archive' in Prefect.")
             return 0
         with console.status(f"scanning {settings.store}"):
-            store = archive.open_checked(settings)
+            store = archive.open_checked(settings, writable=False)
             plan = archive.scan(store, settings)
         print(archive.markdown(plan), end="")
         if plan.to_archive:
             print("\nNothing was moved (dry run). Run again with --apply to move these objects.")
         return 0
     except (ConfigError, StoreError) as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
+        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
 
 
@@ -252,7 +252,7 @@ def _archive_lifecycle(settings, apply: bool) -> int:
 
     from thrifty import archive
 
-    store = archive.open_checked(settings)
+    store = archive.open_checked(settings, writable=apply)
     rules = archive.lifecycle_rules(store, settings)
     print(json.dumps(rules, indent=2))
     print(archive.LIFECYCLE_CAVEAT)
