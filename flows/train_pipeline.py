@@ -14,7 +14,10 @@ from tasks.preprocess import preprocess
 from tasks.report import report
 from tasks.smoke import smoke
 from thrifty.config import RunConfig
+from thrifty.launchers.base import Attempt
 from thrifty.preflight import check_before_spending
+from thrifty.runs import finished_summary, read_ledger
+from thrifty.storage import open_store
 
 
 def scheduled_date() -> dt.date:
@@ -33,11 +36,19 @@ def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0) -> dict
     logger = get_run_logger()
     config = config.for_date(scheduled_date())  # 'nightly-{date}' -> a new run each night
     check_before_spending(config)
-
     prep_state = preprocess(config, return_state=True)
     prep = prep_state.result()
     prep["hit"] = prep["hit"] or prep_state.name == "Cached"
     logger.info("preprocessing cache %s: %s", "hit" if prep["hit"] else "miss", prep["key"])
+
+    store = open_store(config.store)
+    done = finished_summary(store, config.run_name, config.training_fingerprint())
+    if done is not None:  # relaunching would rent a machine only to load the last checkpoint and exit
+        logger.info("run %s already finished training with this config (%s at step %s); nothing is launched. "
+                    "Change a train setting to continue it, or pick a new run_name to train again.",
+                    config.run_name, done.get("status"), done.get("steps"))
+        spent = sum(Attempt(**r).cost_usd() for r in read_ledger(store, config.run_name))
+        return {"already_finished": True, "summary": done, "cache_hit": prep["hit"], "job": None, "cost_usd": spent}
 
     smoke_result = smoke(config)  # raises before any launch if the recipe cannot train
     estimate = budget_gate(config, prep, smoke_result)  # raises if the plan exceeds the budget

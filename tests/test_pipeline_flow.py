@@ -103,3 +103,13 @@ def test_prefect_cache_never_stands_in_for_another_stores_shards(prefect_harness
     out = preprocess(config(second, "b"), return_state=True)
     assert out.name != "Cached" and out.result()["hit"] is False
     assert list((second / "cache").glob("*/manifest.json")), "the fresh store got its own shards"
+
+
+def test_a_finished_run_is_not_launched_again(prefect_harness, store, reference):
+    """Run the same config again: preprocessing is a hit and nothing is rented just to load the last checkpoint."""
+    before = ledger(store, "ref")
+    out = train_pipeline(config(store, "ref"), poll_s=0.2)
+    assert out["already_finished"] is True and out["cache_hit"] is True and out["job"] is None
+    assert out["summary"]["weights_sha256"] == reference["summary"]["weights_sha256"]
+    assert ledger(store, "ref") == before, "no new attempt"
+    assert out["cost_usd"] == pytest.approx(reference["cost_usd"], abs=1e-6)

@@ -43,15 +43,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = out["summary"] or {}
     table = Table(title=f"run {cfg.run_name}", show_header=False)
     table.add_row("preprocessing cache", "hit" if out["cache_hit"] else "miss")
-    table.add_row("smoke test", f"passed ({out['smoke']['steps']} steps, {out['smoke']['precision_checked']} autocast)")
-    attempts = out["job"]["attempts"]
-    table.add_row("attempts", f"{len(attempts)} ({out['job']['preemptions']} preemption(s) survived, "
-                              f"resumed {summary.get('resumes', 0)} time(s))")
+    if out.get("already_finished"):
+        table.add_row("launch", "skipped: this run already finished with this config (change a train setting to "
+                                "continue it, or use a new run_name to train again)")
+    else:
+        table.add_row("smoke test", f"passed ({out['smoke']['steps']} steps, {out['smoke']['precision_checked']} "
+                                    "autocast)")
+        attempts = out["job"]["attempts"]
+        table.add_row("attempts", f"{len(attempts)} ({out['job']['preemptions']} preemption(s) survived, "
+                                  f"resumed {summary.get('resumes', 0)} time(s))")
     table.add_row("steps", f"{summary.get('steps')} / {summary.get('total_steps')}"
                            + (" (stopped early)" if summary.get("stopped_early") else ""))
     for name, value in (summary.get("final_metrics") or {}).items():
         table.add_row(name, f"{value:.4f}")
-    table.add_row("cost (emulated)", f"${out['cost_usd']:.5f} vs ${out['on_demand_usd']:.5f} on-demand")
+    table.add_row("cost (emulated)", f"${out['cost_usd']:.5f} spent by earlier jobs of this run"
+                  if out.get("already_finished") else f"${out['cost_usd']:.5f} vs ${out['on_demand_usd']:.5f} on-demand")
     Console().print(table)
     return 0
 

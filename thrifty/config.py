@@ -8,6 +8,7 @@ Frozen, ``extra="forbid"``, every field documented with its unit. Load it with
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -232,6 +233,12 @@ class RunConfig(_Frozen):
     def to_env_json(self) -> str:
         """The config as compact JSON, for the environment of a training node."""
         return self.model_dump_json()
+
+    def training_fingerprint(self) -> str:
+        """A hash of what decides the trained weights (recipe, its params, the train section): a finished run
+        with the same fingerprint has nothing left to train, whatever its budget or compute settings."""
+        what = {"recipe": self.recipe, "recipe_params": self.recipe_params, "train": self.train.model_dump(mode="json")}
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------- loading

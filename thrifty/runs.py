@@ -23,6 +23,14 @@ def read_summary(store: Store, run_id: str) -> dict[str, Any] | None:
         return None
 
 
+def finished_summary(store: Store, run_id: str, training_fingerprint: str) -> dict[str, Any] | None:
+    """The run's summary if it already finished training with this fingerprint (nothing left to train), else None."""
+    summary = read_summary(store, run_id)
+    if summary is not None and summary.get("training_fingerprint") == training_fingerprint:
+        return summary
+    return None
+
+
 def read_metrics(store: Store, run_id: str, since_unix: float = 0.0) -> list[dict[str, Any]]:
     """All metric records of the run, oldest attempt first (records after ``since_unix`` only)."""
     records: list[dict[str, Any]] = []

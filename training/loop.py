@@ -408,6 +408,7 @@ def train(cfg: RunConfig, run_id: str | None = None) -> TrainResult:
             "device": device.type,
             "world_size": dist.world,
             "cache_key": cache.key,
+            "training_fingerprint": cfg.training_fingerprint(),
             "weights_sha256": weights_sha256(model.state_dict()),
             **recipe.summary_fields(cache.manifest["meta"]),
         }
