@@ -368,3 +368,15 @@ def test_a_dry_run_needs_no_write_access(tmp_path, monkeypatch, capsys):
     assert "| to archive | 4 objects" in capsys.readouterr().out
     assert main(["archive", "gold", "done", "--store", str(root)]) == 2
     assert "access denied (write)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", ["s3"], indirect=True)
+def test_s3_class_change_keeps_metadata(backend):
+    store = open_store(backend.uri)
+    name = f"{store.root}/runs/r/ckpt/step-000000010/state.pt"
+    store._client.put_object(Bucket=store.bucket, Key=name, Body=b"w", ContentType="application/x-torch",
+                             Metadata={"sha256": "abc"})
+    store.set_storage_class("runs/r/ckpt/step-000000010/state.pt", "DEEP_ARCHIVE")
+    head = store._client.head_object(Bucket=store.bucket, Key=name)
+    assert (head["StorageClass"], head["ContentType"], head["Metadata"]) == ("DEEP_ARCHIVE", "application/x-torch",
+                                                                             {"sha256": "abc"})
