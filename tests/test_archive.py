@@ -218,7 +218,7 @@ def test_latest_checkpoint_of_a_recently_active_run_stays(active_days_ago, lates
     objects = [obj("runs/r/ckpt/step-000000010/state.pt", 200), obj("runs/r/ckpt/step-000000020/state.pt", 100),
                obj("runs/r/metrics/1.jsonl", active_days_ago)]
     active = LATER - dt.timedelta(days=active_days_ago)
-    runs = {"r": RunFacts(running=False, last_activity=active, latest_step=20, best_step=None)}
+    runs = {"r": RunFacts(running=False, last_activity=active, latest_step=20)}
     got = decide(objects, runs, active_window_days=14)
     assert got == {"runs/r/ckpt/step-000000010/state.pt": "archive", "runs/r/ckpt/step-000000020/state.pt": latest,
                    "runs/r/metrics/1.jsonl": "keep"}
@@ -236,9 +236,22 @@ def test_cache_entry_age_is_its_last_use_and_cold_timestamps_do_not_count():
     assert [i.key for i in p.to_archive] == ["cache/idle/a.npy"]
 
 
+def test_the_summarys_best_checkpoint_stays_even_without_a_metric_mode_in_its_commits(tmp_path):
+    """Commits written before they recorded min/max: the summary's best checkpoint is the gold weights."""
+    store = open_store(str(tmp_path / "store"))
+    save_run(store, "acc", [0.2, 0.9, 0.5])  # val_accuracy: higher is better, so step 20 is the best
+    for c in CheckpointManager(store, "acc", 10).committed():  # an older format: no metric_mode
+        record = json.loads(store.get_bytes(c.prefix + "/COMMIT"))
+        del record["metric_mode"]
+        store.put_bytes(c.prefix + "/COMMIT", json.dumps(record).encode())
+    store.put_bytes(run_key("acc", "summary.json"), json.dumps({"best_metric": {"checkpoint_step": 20}}).encode())
+    kept = {i.group for i in archive.scan(store, settings(store)).items if i.reason.startswith("best")}
+    assert kept == {"runs/acc/ckpt/step-000000010/", "runs/acc/ckpt/step-000000020/"}  # min by default, and 20
+
+
 def test_commit_records_move_first():
     objects = [obj(f"runs/r/ckpt/step-000000010/{n}", 200) for n in ("state.pt", "COMMIT")]
-    p = archive.plan(objects, {"r": RunFacts(False, None, 20, None)}, Policy(), ArchiveSettings(store="s3://b"), LATER)
+    p = archive.plan(objects, {"r": RunFacts(False, None, 20)}, Policy(), ArchiveSettings(store="s3://b"), LATER)
     assert [i.key.rpartition("/")[2] for i in p.to_archive] == ["COMMIT", "state.pt"]
 
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from thrifty.config import ConfigError, format_validation_error
 from thrifty.pricing import PricingError, StorageTierPrice, storage_cloud, storage_price
-from thrifty.runs import read_ledger
+from thrifty.runs import read_ledger, read_summary
 from thrifty.storage import (Archived, NotFound, ObjectInfo, RestoreStatus, Store, StoreError, check_store,
                              is_cold, open_store)
 
@@ -135,7 +135,8 @@ class RunFacts:
     running: bool  # a ledger row without an end: a job may still be writing
     last_activity: dt.datetime | None  # newest hot object of the run
     latest_step: int | None  # newest complete checkpoint
-    best_step: int | None  # its gold weights: the best metric among the complete checkpoints
+    best_steps: frozenset[int] = frozenset()  # its gold weights: the best by the commit records' metrics, and the
+    # summary's best checkpoint (which also covers commits written before they recorded min or max)
 
     def fingerprint(self) -> tuple:
         """What must not change between plan and move (a run that woke up in between is left alone)."""
@@ -204,7 +205,7 @@ def plan(objects: list[ObjectInfo], runs: dict[str, RunFacts], policy: Policy, s
             step = int(ckpt.group(2))
             live = facts is not None and (facts.running or (facts.last_activity is not None
                                                             and facts.last_activity >= active_after))
-            if facts is not None and step == facts.best_step:
+            if facts is not None and step in facts.best_steps:
                 action, reason = "keep", "best checkpoint (gold weights)"
             elif live and step == facts.latest_step:
                 action, reason = "keep", ("latest checkpoint of a running run" if facts.running else
@@ -235,8 +236,15 @@ def run_facts(store: Store, run_id: str, objects: list[ObjectInfo]) -> RunFacts:
     hot = [c for c in infos if not c.archived]
     mode = next((c.commit["metric_mode"] for c in reversed(hot) if c.commit.get("metric_mode")), "min")
     best = CheckpointManager(store, run_id, keep_last=1, mode=mode).best(hot)
+    try:
+        summary = read_summary(store, run_id) or {}
+    except (Archived, json.JSONDecodeError):
+        summary = {}
+    steps = {best.step} if best else set()
+    if isinstance(summary.get("best_metric"), dict) and summary["best_metric"].get("checkpoint_step") is not None:
+        steps.add(int(summary["best_metric"]["checkpoint_step"]))
     last = max((o.last_modified for o in objects if not is_cold(o.storage_class)), default=None)
-    return RunFacts(running, last, infos[-1].step if infos else None, best.step if best else None)
+    return RunFacts(running, last, infos[-1].step if infos else None, frozenset(steps))
 
 
 def _runs_of(objects: list[ObjectInfo]) -> dict[str, list[ObjectInfo]]:
