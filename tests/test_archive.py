@@ -350,7 +350,7 @@ def test_cli_dry_run_marks_and_restore(tmp_path, capsys):
     store = open_store(str(root))
     save_run(store, "done", [0.5, 0.3, 0.4])
     later = LATER.date().isoformat()
-    assert main(["archive", "--store", str(root), "--as-of", later]) == 0
+    assert main(["archive", "--dry-run", "--store", str(root), "--as-of", later]) == 0
     out = capsys.readouterr().out
     assert "Dry run: nothing moved" in out and "| to archive | 4 objects in 2 checkpoints" in out and "--apply" in out
     assert main(["archive", "gold", "done", "--store", str(root)]) == 0

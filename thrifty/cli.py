@@ -308,7 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("archive", help="move stale checkpoints and cache to cold storage (dry run unless --apply); "
                                        "restore, gold, pin, unmark, lifecycle")
     _archive_options(p, top=True)
-    p.add_argument("--apply", action="store_true", help="move the objects (default: only print what would move)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", dest="apply", action="store_false",
+                      help="only print what would move, the bytes and the monthly saving (the default)")
+    mode.add_argument("--apply", action="store_true", help="move the objects (runs the thrifty-archive flow)")
     asub = p.add_subparsers(dest="archive_command", metavar="ACTION")
     q = asub.add_parser("restore", help="start (or finish) restoring a run's archived checkpoints; says how long")
     q.add_argument("run_id", metavar="RUN_ID")
@@ -324,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = asub.add_parser("lifecycle", help="print (or --apply) equivalent S3 / GCS bucket lifecycle rules")
     q.add_argument("--apply", action="store_true", default=argparse.SUPPRESS, help="install the rules on the bucket")
     _archive_options(q)
-    p.set_defaults(func=cmd_archive, archive_command=None)
+    p.set_defaults(func=cmd_archive, archive_command=None, apply=False)  # a dry run unless --apply
 
     p = sub.add_parser("deploy", help="create the work pool and deploy prefect.yaml to the server at PREFECT_API_URL")
     p.add_argument("--project-dir", default=".", help="the directory holding prefect.yaml (default: the current one)")
