@@ -35,7 +35,7 @@ def scan_store(settings: ArchiveSettings, writable: bool) -> Plan:
 def move_to_cold(settings: ArchiveSettings, plan: Plan) -> Outcome:
     """Move the plan's objects; not retried by Prefect: a pass that ends early is finished by the next one."""
     logger = get_run_logger()
-    store = archive.open_checked(settings)
+    store = archive.open_checked(settings, writable=False)  # the scan checked it with a probe write
     last = [0.0]
 
     def progress(n: int, total: int, item: archive.Item) -> None:
