@@ -64,17 +64,13 @@ class CheckpointManager:
             m = _STEP_DIR.search(parent)
             if name != "COMMIT" or not m:
                 continue
-            if is_cold(obj.storage_class):
-                out.append(CheckpointInfo(int(m.group(1)), parent, {}, archived=True))
-                continue
-            try:
-                commit = json.loads(self.store.get_bytes(obj.key))
+            try:  # an archived commit record is not read (a restore first, or a retrieval fee)
+                commit = None if is_cold(obj.storage_class) else json.loads(self.store.get_bytes(obj.key))
             except Archived:  # archived since the listing
-                out.append(CheckpointInfo(int(m.group(1)), parent, {}, archived=True))
-                continue
+                commit = None
             except (NotFound, json.JSONDecodeError):
                 continue
-            out.append(CheckpointInfo(int(m.group(1)), parent, commit))
+            out.append(CheckpointInfo(int(m.group(1)), parent, commit or {}, archived=commit is None))
         return sorted(out, key=lambda c: c.step)
 
     def best(self, infos: list[CheckpointInfo]) -> CheckpointInfo | None:
