@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from thrifty.config import ConfigError, format_validation_error
+from thrifty.config import ConfigError, format_validation_error, store_scheme
 from thrifty.pricing import PricingError, StorageTierPrice, storage_cloud, storage_price
 from thrifty.runs import read_ledger, read_summary
 from thrifty.storage import (Archived, NotFound, ObjectInfo, RestoreStatus, Store, StoreError, check_store,
@@ -48,10 +48,6 @@ _CACHE = re.compile(r"^cache/([^/]+)/")
 _RUN = re.compile(r"^runs/([^/]+)/")
 
 
-def _scheme(store_uri: str) -> str:
-    return store_uri.split("://", 1)[0] if "://" in store_uri else "file"
-
-
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -70,6 +66,12 @@ class ArchiveSettings(BaseModel):
                                "cold: S3 GLACIER, GCS COLDLINE, Azure Cold.")
     as_of: dt.datetime | None = Field(None, description="The clock the plan is made at (default now; UTC if naive).")
 
+    @field_validator("store")
+    @classmethod
+    def _store(cls, v: str) -> str:
+        store_scheme(v)
+        return v
+
     @field_validator("as_of")
     @classmethod
     def _aware(cls, v: dt.datetime | None) -> dt.datetime | None:
@@ -77,11 +79,7 @@ class ArchiveSettings(BaseModel):
 
     @property
     def target_class(self) -> str:
-        scheme = _scheme(self.store)
-        if scheme not in TIERS[self.tier]:
-            raise ConfigError(f"store {self.store!r}: unsupported scheme {scheme!r}; use a path, file://, s3://, "
-                              "gs:// or az://")
-        return TIERS[self.tier][scheme]
+        return TIERS[self.tier][store_scheme(self.store)]
 
 
 def build_settings(data: dict[str, Any], source: str = "input") -> ArchiveSettings:
@@ -89,7 +87,6 @@ def build_settings(data: dict[str, Any], source: str = "input") -> ArchiveSettin
         settings = ArchiveSettings.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, source, "archive settings")) from None
-    settings.target_class  # noqa: B018 - an unsupported store scheme is bad input too
     return settings
 
 
@@ -146,7 +143,7 @@ class RunFacts:
 @dataclass(frozen=True)
 class Item:
     key: str
-    group: str  # the checkpoint directory or cache entry the object moves with; else the key itself
+    group: str  # the checkpoint directory or cache entry the object moves with, or its run (metadata)
     size: int
     storage_class: str
     last_modified: dt.datetime
@@ -158,9 +155,12 @@ class Item:
 class Plan:
     settings: ArchiveSettings
     as_of: dt.datetime
-    target_class: str
     items: list[Item]
     runs: dict[str, RunFacts]
+
+    @property
+    def target_class(self) -> str:
+        return self.settings.target_class
 
     @property
     def to_archive(self) -> list[Item]:
@@ -218,7 +218,7 @@ def plan(objects: list[ObjectInfo], runs: dict[str, RunFacts], policy: Policy, s
         elif modified >= stale_before:
             action, reason = "keep", f"cache entry used within {settings.older_than_days:g} days"
         items.append(Item(o.key, group, o.size, o.storage_class, o.last_modified, action, reason))
-    return Plan(settings, as_of, settings.target_class, items, runs)
+    return Plan(settings, as_of, items, runs)
 
 
 # ------------------------------------------------------------------------------------------- reading a store
@@ -250,9 +250,8 @@ def run_facts(store: Store, run_id: str, objects: list[ObjectInfo]) -> RunFacts:
 def _runs_of(objects: list[ObjectInfo]) -> dict[str, list[ObjectInfo]]:
     runs: dict[str, list[ObjectInfo]] = defaultdict(list)
     for o in objects:
-        parts = o.key.split("/")
-        if parts[0] == "runs" and len(parts) > 2:
-            runs[parts[1]].append(o)
+        if m := _RUN.match(o.key):
+            runs[m.group(1)].append(o)
     return runs
 
 
@@ -362,11 +361,13 @@ def monthly_savings(items: list[Item], store_uri: str, target_class: str) -> Sav
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
         n /= 1024
-    raise AssertionError
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} TiB"
 
 
 def summary(p: Plan, outcome: Outcome | None = None) -> dict[str, Any]:
@@ -449,7 +450,7 @@ DATA_SUFFIXES = [".pt", ".npy"]  # GCS rules: checkpoint data and shards, not co
 def lifecycle_rules(store: Store, settings: ArchiveSettings) -> list[dict[str, Any]]:
     """Bucket lifecycle rules that move old checkpoint data and shards to the target class (S3 and GCS)."""
     days = max(1, round(settings.older_than_days))
-    scheme = _scheme(store.uri)
+    scheme = store_scheme(store.uri)
     root = getattr(store, "root", "")
     prefixes = [f"{root}/{top}/" if root else f"{top}/" for top in ("runs", "cache")]
     if scheme == "s3":

@@ -24,6 +24,17 @@ class ConfigError(ValueError):
     """A user-fixable problem with the run's configuration (CLI exit code 2)."""
 
 
+STORE_SCHEMES = ("file", "s3", "gs", "az")
+
+
+def store_scheme(uri: str) -> str:
+    """The scheme of a store URI (a plain path is file); ValueError for one no Store speaks."""
+    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    if scheme not in STORE_SCHEMES:
+        raise ValueError(f"unsupported scheme {scheme!r} in store {uri!r}; use a path, file://, s3://, gs:// or az://")
+    return scheme
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
@@ -219,9 +230,7 @@ class RunConfig(_Frozen):
     @field_validator("store")
     @classmethod
     def _store(cls, v: str) -> str:
-        scheme = v.split("://", 1)[0] if "://" in v else "file"
-        if scheme not in ("file", "s3", "gs", "az"):
-            raise ValueError(f"store scheme {scheme!r} is not supported; use a path, file://, s3://, gs:// or az://")
+        store_scheme(v)
         return v
 
     def for_date(self, when: dt.date) -> "RunConfig":
