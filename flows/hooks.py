@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 from tasks.alerts import notify
 from thrifty.config import RunConfig
-from thrifty.launchers.base import Attempt
+from thrifty.budget import spend_usd
 from thrifty.pricing import quote_emulated
-from thrifty.runs import read_ledger, run_key
+from thrifty.runs import read_attempts, run_key
 from thrifty.storage import NotFound, open_store
 
 log = logging.getLogger("thrifty.hooks")
@@ -67,8 +67,8 @@ def running_message(cfg: RunConfig) -> str:
 
 def final_message(cfg: RunConfig, state_name: str, state_message: str | None) -> str:
     store = open_store(cfg.store)
-    attempts = [Attempt(**r) for r in read_ledger(store, cfg.run_name)]
-    spent = sum(a.cost_usd() for a in attempts)
+    attempts = read_attempts(store, cfg.run_name)
+    spent = spend_usd(attempts)
     text = (f"run {cfg.run_name} {state_name.lower()}: spent ${spent:.4f} of its ${cfg.budget.max_usd:g} budget "
             f"({spent / cfg.budget.max_usd:.0%}) over {len(attempts)} attempt(s)")
     try:

@@ -14,9 +14,9 @@ from tasks.preprocess import preprocess
 from tasks.report import report
 from tasks.smoke import smoke
 from thrifty.config import RunConfig
-from thrifty.launchers.base import Attempt
+from thrifty.budget import spend_usd
 from thrifty.preflight import check_before_spending
-from thrifty.runs import finished_summary, read_ledger
+from thrifty.runs import finished_summary, read_attempts
 from thrifty.storage import open_store
 
 
@@ -47,7 +47,7 @@ def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0) -> dict
         logger.info("run %s already finished training with this config (%s at step %s); nothing is launched. "
                     "Change a train setting to continue it, or pick a new run_name to train again.",
                     config.run_name, done.get("status"), done.get("steps"))
-        spent = sum(Attempt(**r).cost_usd() for r in read_ledger(store, config.run_name))
+        spent = spend_usd(read_attempts(store, config.run_name))
         return {"already_finished": True, "summary": done, "cache_hit": prep["hit"], "job": None, "cost_usd": spent}
 
     smoke_result = smoke(config)  # raises before any launch if the recipe cannot train

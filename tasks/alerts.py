@@ -13,8 +13,7 @@ from prefect.events import emit_event
 
 from thrifty.budget import AlertState, Snapshot, due_alerts, gpus_per_node, snapshot
 from thrifty.config import RunConfig
-from thrifty.launchers.base import Attempt
-from thrifty.runs import run_key
+from thrifty.runs import Attempt, run_key
 from thrifty.storage import NotFound, Store
 
 NOTIFY_TIMEOUT_S = 15.0  # a slow webhook must not hold up the watch loop or a hook

@@ -12,18 +12,17 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from tasks.alerts import BudgetGuard
-from thrifty.budget import BudgetExceeded
+from thrifty.budget import BudgetExceeded, spend_usd
 from thrifty.config import RunConfig
 from thrifty.launchers import JobState, LaunchError, make_launcher
-from thrifty.launchers.base import Attempt
-from thrifty.runs import latest_progress, read_ledger, read_metrics, read_summary, write_ledger
+from thrifty.runs import Attempt, latest_progress, read_attempts, read_metrics, read_summary, write_attempts
 from thrifty.storage import open_store
 
 
-def merge_ledger(previous: list[dict[str, Any]], attempts: list[Attempt]) -> list[dict[str, Any]]:
+def merge_ledger(previous: list[Attempt], attempts: list[Attempt]) -> list[Attempt]:
     """Earlier jobs' rows unchanged, this job's rows replaced by the latest view of its attempts."""
     mine = {a.job_id for a in attempts}
-    return [r for r in previous if r.get("job_id") not in mine] + [a.row() for a in attempts]
+    return [r for r in previous if r.job_id not in mine] + attempts
 
 
 def _stop_gracefully(launcher: Any, job_id: str, grace_s: float) -> None:
@@ -42,23 +41,22 @@ def launch_and_watch(config: RunConfig, poll_s: float = 1.0) -> dict[str, Any]:
     run_id = config.run_name
     launcher = make_launcher(config)
     guard = BudgetGuard(config, store, run_id, logger)
-    previous_rows = read_ledger(store, run_id)
-    earlier_attempts = [Attempt(**r) for r in previous_rows]  # the budget is per run: earlier jobs count too
+    previous_rows = read_attempts(store, run_id)  # the budget is per run: earlier jobs count too
     submitted_unix = time.time()
     job_id = launcher.submit(config, run_id)
     logger.info("submitted job %s (%s launcher)", job_id, config.compute.launcher)
     progress_id = create_progress_artifact(0.0, description=f"training progress of run {run_id}")
     last_logged: tuple | None = None
-    ledger_seen: list[dict[str, Any]] = []
+    ledger_seen: list[Attempt] = []
     try:
         while True:
             status = launcher.status(job_id)
             rows = merge_ledger(previous_rows, status.attempts)
             if rows != ledger_seen:
-                write_ledger(store, run_id, rows)
+                write_attempts(store, run_id, rows)
                 ledger_seen = rows
             progress = latest_progress(read_metrics(store, run_id, since_unix=submitted_unix))
-            snap, exceeded = guard.check(earlier_attempts + status.attempts, progress)
+            snap, exceeded = guard.check(previous_rows + status.attempts, progress)
             step, total = progress.get("step"), progress.get("total_steps")
             shown = (status.state, len(status.attempts), step)
             if shown != last_logged:
@@ -72,11 +70,11 @@ def launch_and_watch(config: RunConfig, poll_s: float = 1.0) -> dict[str, Any]:
             if exceeded:
                 _stop_gracefully(launcher, job_id, config.compute.preempt_grace_s)
                 attempts = launcher.attempts(job_id)
-                write_ledger(store, run_id, merge_ledger(previous_rows, attempts))
+                write_attempts(store, run_id, merge_ledger(previous_rows, attempts))
                 stopped_at = latest_progress(read_metrics(store, run_id, since_unix=submitted_unix)).get("step")
                 raise BudgetExceeded(
                     f"run {run_id} stopped at its budget cap after spending "
-                    f"${sum(a.cost_usd() for a in earlier_attempts + attempts):.4f} "
+                    f"${spend_usd(previous_rows + attempts):.4f} "
                     f"of budget.max_usd ${config.budget.max_usd:g} (stopping {config.budget.stop_margin_s:g} s of "
                     f"burn early); its checkpoints are kept{f' (step {stopped_at})' if stopped_at else ''}. "
                     "Run it again with a larger budget.max_usd to finish from there."
@@ -89,9 +87,9 @@ def launch_and_watch(config: RunConfig, poll_s: float = 1.0) -> dict[str, Any]:
     except BaseException:
         logger.warning("the watch was interrupted; cancelling job %s gracefully (it checkpoints first)", job_id)
         _stop_gracefully(launcher, job_id, config.compute.preempt_grace_s)
-        write_ledger(store, run_id, merge_ledger(previous_rows, launcher.attempts(job_id)))
+        write_attempts(store, run_id, merge_ledger(previous_rows, launcher.attempts(job_id)))
         raise
-    write_ledger(store, run_id, merge_ledger(previous_rows, status.attempts))
+    write_attempts(store, run_id, merge_ledger(previous_rows, status.attempts))
     if status.state != JobState.SUCCEEDED:
         raise LaunchError(f"job {job_id} ended {status.state.value}: {status.message}")
     update_progress_artifact(progress_id, 100.0)

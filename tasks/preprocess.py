@@ -11,7 +11,8 @@ from prefect.utilities.hashing import hash_objects
 
 from thrifty.config import ConfigError, RunConfig
 from thrifty.storage import open_store
-from training.data import cache_key, ensure_shards, read_manifest
+from thrifty.shards import read_manifest
+from training.data import cache_key, ensure_shards
 from training.recipes.base import EmptyDataError, resolve_recipe
 
 

@@ -10,8 +10,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from thrifty import savings
 from thrifty.config import RunConfig
-from thrifty.launchers.base import Attempt
-from thrifty.runs import read_ledger, read_metrics
+from thrifty.runs import Attempt, read_attempts, read_metrics
 from thrifty.storage import open_store
 
 SAVINGS_TABLE_KEY = "thrifty-savings"  # the cross-run table every run updates
@@ -102,17 +101,17 @@ def report(config: RunConfig, prep: dict[str, Any], smoke: dict[str, Any], estim
     run_id = config.run_name
     store = open_store(config.store)
     metrics = read_metrics(store, run_id)
-    ledger = read_ledger(store, run_id)  # every job of this run: a resumed run's earlier spend counts
-    figures = savings.breakdown(ledger, job.get("summary") or {}, prep["hit"], prep.get("cold_seconds", 0.0), metrics)
+    attempts = read_attempts(store, run_id)  # every job of this run: a resumed run's earlier spend counts
+    figures = savings.breakdown(attempts, job.get("summary") or {}, prep["hit"], prep.get("cold_seconds", 0.0), metrics)
     savings.write(store, run_id, figures)
 
-    chart = loss_and_spend_chart(metrics, [Attempt(**r) for r in ledger])
+    chart = loss_and_spend_chart(metrics, attempts)
     markdown = render_summary(run_id, prep, smoke, estimate, job, figures) + "## Loss and spend\n\n" + chart
     create_markdown_artifact(markdown, key=artifact_key(run_id, "summary"), description=f"Thrifty run {run_id}")
     rows = [{"attempt": a.number, "job": a.job_id, "cloud": a.cloud, "region": a.region, "instance": a.instance,
              "spot": a.spot, "usd_per_hour": a.usd_per_hour, "nodes": a.nodes, "minutes": round(a.hours() * 60, 2),
              "usd": round(a.cost_usd(), 6), "end": a.end_reason, "exit_code": a.exit_code}
-            for a in (Attempt(**r) for r in ledger)]
+            for a in attempts]
     create_table_artifact(rows, key=artifact_key(run_id, "attempts"), description=f"Attempts of run {run_id}")
     create_table_artifact(savings.table(savings.read_all(store)), key=SAVINGS_TABLE_KEY,
                           description=f"Savings of every Thrifty run in {store.uri}")

@@ -25,16 +25,18 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from thrifty import checkpoints, shards
 from thrifty.config import ConfigError, format_validation_error, store_scheme
+from thrifty.faults import fault_point
 from thrifty.pricing import PricingError, StorageTierPrice, storage_cloud, storage_price
-from thrifty.runs import read_ledger, read_summary
+from thrifty.runs import read_attempts, read_summary, run_key
 from thrifty.storage import (Archived, NotFound, ObjectInfo, RestoreStatus, Store, StoreError, check_store,
                              is_cold, open_store)
 
 log = logging.getLogger("thrifty.archive")
 
 POLICY_KEY = "archive-policy.json"  # {"gold": [key prefix, ...], "pinned": [key prefix, ...]}
-COMMIT_NAMES = ("COMMIT", "manifest.json")  # what makes a checkpoint / a cache entry complete: moved first
+COMMIT_NAMES = (checkpoints.COMMIT, shards.MANIFEST)  # what makes a checkpoint / a cache entry complete: moved first
 GIB = 2**30  # the providers bill storage per GiB ("GB") and month
 
 # the class each store's objects move to; "archive" is the cheapest (hours to restore), "cold" reads sooner
@@ -43,7 +45,6 @@ TIERS: dict[str, dict[str, str]] = {
     "cold": {"s3": "GLACIER", "gs": "COLDLINE", "az": "Cold", "file": "ARCHIVE"},
 }
 
-_CKPT = re.compile(r"^runs/([^/]+)/ckpt/step-(\d{9})/")
 _CACHE = re.compile(r"^cache/([^/]+)/")
 _RUN = re.compile(r"^runs/([^/]+)/")
 
@@ -171,7 +172,10 @@ class Plan:
 
 def _group(key: str) -> str:
     """A checkpoint directory or a cache entry (they move whole); a run's other objects are its metadata."""
-    m = _CKPT.match(key) or _CACHE.match(key) or _RUN.match(key)
+    ckpt = checkpoints.parse_key(key)
+    if ckpt:
+        return ckpt[2]
+    m = _CACHE.match(key) or _RUN.match(key)
     return m.group(0) if m else key
 
 
@@ -194,15 +198,15 @@ def plan(objects: list[ObjectInfo], runs: dict[str, RunFacts], policy: Policy, s
         group = _group(o.key)
         modified = group_age.get(group, o.last_modified)
         action, reason = "archive", f"not modified since {modified:%Y-%m-%d}"
-        ckpt = _CKPT.match(o.key)
+        ckpt = checkpoints.parse_key(o.key)
         protected = policy.protects(o.key)
         if is_cold(o.storage_class):
             action, reason = "skip", f"already {o.storage_class}"
         elif protected:
             action, reason = "keep", protected
         elif ckpt:
-            facts = runs.get(ckpt.group(1))
-            step = int(ckpt.group(2))
+            run_id, step, _ = ckpt
+            facts = runs.get(run_id)
             live = facts is not None and (facts.running or (facts.last_activity is not None
                                                             and facts.last_activity >= active_after))
             if facts is not None and step in facts.best_steps:
@@ -225,17 +229,13 @@ def plan(objects: list[ObjectInfo], runs: dict[str, RunFacts], policy: Policy, s
 
 
 def run_facts(store: Store, run_id: str, objects: list[ObjectInfo]) -> RunFacts:
-    from training.checkpoint import CheckpointManager
-
     try:
-        ledger = read_ledger(store, run_id)
-        running = any(r.get("ended_unix") is None for r in ledger)
-    except (Archived, json.JSONDecodeError):  # unreadable: assume the worst
+        running = any(a.ended_unix is None for a in read_attempts(store, run_id))
+    except (Archived, json.JSONDecodeError, TypeError):  # unreadable: assume the worst
         running = True
-    infos = CheckpointManager(store, run_id, keep_last=1).committed()
+    infos = checkpoints.committed(store, run_id)
     hot = [c for c in infos if not c.archived]
-    mode = next((c.commit["metric_mode"] for c in reversed(hot) if c.commit.get("metric_mode")), "min")
-    best = CheckpointManager(store, run_id, keep_last=1, mode=mode).best(hot)
+    best = checkpoints.best(hot, checkpoints.mode_of(hot))
     try:
         summary = read_summary(store, run_id) or {}
     except (Archived, json.JSONDecodeError):
@@ -295,8 +295,6 @@ def apply(store: Store, p: Plan, progress: Callable[[int, int, Item], None] | No
     Before a run's checkpoints move, its ledger and checkpoints are read again: a run that started
     or wrote a checkpoint since the scan is left alone (the next pass will see it as it is).
     """
-    from training.runtime import fault_point
-
     out = Outcome()
     todo = p.to_archive
     rechecked: dict[str, bool] = {}
@@ -304,11 +302,11 @@ def apply(store: Store, p: Plan, progress: Callable[[int, int, Item], None] | No
     for n, item in enumerate(todo, 1):
         if progress:
             progress(n, len(todo), item)
-        ckpt = _CKPT.match(item.key)
+        ckpt = checkpoints.parse_key(item.key)
         if ckpt:
-            run_id = ckpt.group(1)
+            run_id = ckpt[0]
             if run_id not in rechecked:
-                now = run_facts(store, run_id, store.list(f"runs/{run_id}/"))
+                now = run_facts(store, run_id, store.list(run_key(run_id) + "/"))
                 rechecked[run_id] = run_id not in p.runs or now.fingerprint() == p.runs[run_id].fingerprint()
             if not rechecked[run_id]:
                 out.left_alone.append((item, f"run {run_id} changed since the scan"))

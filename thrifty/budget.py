@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from thrifty.config import BudgetConfig, RunConfig
-from thrifty.launchers.base import Attempt
 from thrifty.pricing import find_instance
+from thrifty.runs import Attempt
 
 # Assumed throughput of one accelerator relative to this project's CPU smoke test (same code,
 # same batch). Rough public-benchmark ratios for small transformer/MLP training; they only
@@ -55,7 +55,9 @@ def gpus_per_node(cfg: RunConfig) -> int:
     return accelerator_count(cfg.compute.accelerators[0])
 
 
-def spend_usd(attempts: list[Attempt], now: float) -> float:
+def spend_usd(attempts: list[Attempt], now: float | None = None) -> float:
+    """Dollars the attempts cost, open ones up to ``now``: the one sum every report and check uses."""
+    now = time.time() if now is None else now
     return sum(a.cost_usd(now) for a in attempts)
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-ENV_VAR = "THRIFTY_RUN_CONFIG"  # the RunConfig as JSON, in the environment of a training node
+from thrifty.protocol import ENV_CONFIG as ENV_VAR  # the RunConfig as JSON, in the environment of a training node
 
 
 class ConfigError(ValueError):

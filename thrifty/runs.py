@@ -1,15 +1,46 @@
-"""Where a run's things live in the store, and readers for them (metrics, summary, ledger).
+"""Where a run's things live in the store, and readers for them (metrics, summary, the cost ledger).
 
 ``runs/<run_id>/``: ``ckpt/`` (training), ``metrics/<attempt>.jsonl`` (training),
-``summary.json`` (training, when finished), ``ledger.jsonl`` (the launch task: one row per attempt).
+``summary.json`` (training, when finished), ``ledger.jsonl`` (the launch task: one :class:`Attempt` per row).
 """
 
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from thrifty.storage import NotFound, Store, join_key
+
+
+@dataclass
+class Attempt:
+    """One rented instance's life inside a job: a row of the run's cost ledger."""
+
+    job_id: str
+    number: int  # 1 for the first attempt, +1 per recovery
+    cloud: str
+    region: str
+    instance: str
+    spot: bool
+    usd_per_hour: float  # price of one node
+    nodes: int
+    started_unix: float
+    ended_unix: float | None = None
+    end_reason: str | None = None  # succeeded | preempted | failed | cancelled; None while running
+    exit_code: int | None = None
+    task_id: str | None = None  # SkyPilot's SKYPILOT_TASK_ID (stable across a job's recoveries); None locally
+
+    def hours(self, now: float | None = None) -> float:
+        end = self.ended_unix if self.ended_unix is not None else (now or time.time())
+        return max(0.0, end - self.started_unix) / 3600.0
+
+    def cost_usd(self, now: float | None = None) -> float:
+        return self.hours(now) * self.usd_per_hour * self.nodes
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def run_key(run_id: str, *parts: str) -> str:
@@ -67,14 +98,15 @@ def latest_progress(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def read_ledger(store: Store, run_id: str) -> list[dict[str, Any]]:
+def read_attempts(store: Store, run_id: str) -> list[Attempt]:
+    """Every attempt of every job of the run, as the ledger holds them."""
     try:
         text = store.get_bytes(run_key(run_id, "ledger.jsonl")).decode()
     except NotFound:
         return []
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [Attempt(**json.loads(line)) for line in text.splitlines() if line.strip()]
 
 
-def write_ledger(store: Store, run_id: str, rows: list[dict[str, Any]]) -> None:
+def write_attempts(store: Store, run_id: str, attempts: list[Attempt]) -> None:
     """Replace the ledger atomically (object stores have no append): all rows, one JSON object a line."""
-    store.put_bytes(run_key(run_id, "ledger.jsonl"), "".join(json.dumps(r) + "\n" for r in rows).encode())
+    store.put_bytes(run_key(run_id, "ledger.jsonl"), "".join(json.dumps(a.row()) + "\n" for a in attempts).encode())

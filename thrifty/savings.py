@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from thrifty.budget import FP32_SLOWDOWN_ON_GPU
-from thrifty.launchers.base import Attempt
+from thrifty.budget import FP32_SLOWDOWN_ON_GPU, spend_usd
 from thrifty.pricing import PricingError, find_instance
-from thrifty.runs import run_key
+from thrifty.runs import Attempt, run_key
 from thrifty.storage import NotFound, Store
 
 
@@ -37,10 +36,9 @@ def recomputed_steps(metrics: list[dict[str, Any]]) -> int:
     return waste
 
 
-def breakdown(attempt_rows: list[dict[str, Any]], summary: dict[str, Any], cache_hit: bool,
+def breakdown(attempts: list[Attempt], summary: dict[str, Any], cache_hit: bool,
               cold_preprocess_s: float, metrics: list[dict[str, Any]]) -> dict[str, Any]:
-    attempts = [Attempt(**r) for r in attempt_rows]
-    actual = sum(a.cost_usd() for a in attempts)
+    actual = spend_usd(attempts)
     on_demand = sum(a.hours() * _on_demand_price(a) * a.nodes for a in attempts)
     hours = sum(a.hours() for a in attempts)
     od_rate = on_demand / hours if hours else 0.0  # $/h of the same nodes on-demand

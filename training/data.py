@@ -1,11 +1,10 @@
 """Preprocessing cache and the loader over its binary shards.
 
-``<store>/cache/<key>/`` holds ``.npy`` shards and, written last, ``manifest.json``; the key
-hashes the raw data's content fingerprint, the recipe's preprocessing source and its params.
-A directory without a manifest is an unfinished write and is never read. Every hit rewrites a
-small ``LAST_USED`` object, so the archiver can tell a cache entry in use from a stale one. An
-entry whose manifest cannot be read because it was archived (S3, Azure, file) is a miss and is
-rebuilt, sooner than a restore; GCS reads its cold classes in place, so there it stays a hit.
+The layout (``cache/<key>/`` shards, ``manifest.json`` written last, ``LAST_USED``) is
+``thrifty.shards``'; the key hashes the raw data's content fingerprint, the recipe's
+preprocessing source and its params. An entry whose manifest cannot be read because it was
+archived (S3, Azure, file) is a miss and is rebuilt, sooner than a restore; GCS reads its cold
+classes in place, so there it stays a hit.
 """
 
 from __future__ import annotations
@@ -24,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from thrifty.storage import Archived, NotFound, Store, atomic_write_bytes, join_key
+from thrifty.shards import MANIFEST, entry_prefix, mark_used, read_manifest
+from thrifty.storage import Store, atomic_write_bytes, join_key
 from training.recipes.base import Dataset, EmptyDataError, Recipe, RecipeParams
 
 log = logging.getLogger("thrifty.data")
@@ -113,7 +113,7 @@ def write_shards(store: Store, key: str, dataset: Dataset, recipe: Recipe, param
                 f"{params.model_dump(mode='json')}; check the raw data and options (e.g. a 'limit' of 0 or a "
                 "validation fraction too small)."
             )
-    prefix = join_key("cache", key)
+    prefix = entry_prefix(key)
     splits: dict[str, Any] = {}
     for split, arrays in dataset.splits.items():
         lengths = {len(a) for a in arrays.values()}
@@ -141,22 +141,8 @@ def write_shards(store: Store, key: str, dataset: Dataset, recipe: Recipe, param
         "splits": splits,
         "meta": dataset.meta,
     }
-    store.put_bytes(join_key(prefix, "manifest.json"), json.dumps(manifest, indent=1).encode())
+    store.put_bytes(join_key(prefix, MANIFEST), json.dumps(manifest, indent=1).encode())
     return manifest
-
-
-LAST_USED = "LAST_USED"  # cache/<key>/LAST_USED: rewritten on every hit
-
-
-def read_manifest(store: Store, key: str) -> dict[str, Any] | None:
-    """The entry's manifest, or None when there is no usable entry (never written, unfinished, or archived)."""
-    try:
-        return json.loads(store.get_bytes(join_key("cache", key, "manifest.json")))
-    except NotFound:
-        return None
-    except Archived:
-        log.warning("preprocess cache entry %s was archived to cold storage; preprocessing again", key)
-        return None
 
 
 def ensure_shards(store: Store, recipe: Recipe, params: RecipeParams) -> CacheResult:
@@ -166,7 +152,7 @@ def ensure_shards(store: Store, recipe: Recipe, params: RecipeParams) -> CacheRe
     manifest = read_manifest(store, key)
     if manifest is not None:
         log.info("preprocess cache hit: %s", key)
-        store.put_bytes(join_key("cache", key, LAST_USED), json.dumps({"used_unix": time.time()}).encode())
+        mark_used(store, key)
         return CacheResult(key, True, manifest, time.perf_counter() - t0)
     log.info("preprocess cache miss: %s; preprocessing %s", key, recipe.name)
     dataset = recipe.preprocess(params)
@@ -179,7 +165,7 @@ def _local_cache_dir() -> Path:
 
 
 def _open_shard(store: Store, key: str, shard: dict[str, Any]) -> np.ndarray:
-    obj = join_key("cache", key, shard["file"])
+    obj = join_key(entry_prefix(key), shard["file"])
     path = store.local_path(obj)
     if path is None:  # object store: fetch once into a local cache, verified by hash
         path = _local_cache_dir() / key / shard["file"]

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from thrifty.config import ConfigError, RunConfig
+from thrifty.faults import fault_point
 from thrifty.runs import run_key
 from thrifty.storage import Store, open_store
 from training.checkpoint import CheckpointManager, daly_interval_s
@@ -35,7 +36,6 @@ from training.runtime import (
     Dist,
     StopSignal,
     autocast,
-    fault_point,
     pick_device,
     pick_precision,
     precision_name,

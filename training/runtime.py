@@ -146,22 +146,6 @@ def weights_sha256(state_dict: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def fault_point(point: str) -> None:
-    """Test hook for crash tests: THRIFTY_FAULT=<point>:<n> SIGKILLs this process the n-th time it passes ``point``.
-
-    Points: ``step`` (after an optimizer step), ``after_data`` (checkpoint data written, commit not yet),
-    ``after_commit``, ``archive_move`` (an object moved to the cold tier). Unset in normal runs, where this is one dictionary lookup.
-    """
-    spec = os.environ.get("THRIFTY_FAULT")
-    if not spec or not spec.startswith(point + ":"):
-        return
-    counter = f"_THRIFTY_FAULT_HITS_{point}"
-    hits = int(os.environ.get(counter, "0")) + 1
-    os.environ[counter] = str(hits)
-    if hits == int(spec.split(":", 1)[1]):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 class StopSignal:
     """SIGTERM (a spot notice) or SIGINT asks the loop to checkpoint at the next step boundary and exit."""
 

@@ -21,14 +21,14 @@ import uuid
 from pathlib import Path
 
 from thrifty.config import RunConfig
-from thrifty.launchers.base import Attempt, JobState, JobStatus, LaunchError, node_env
+from thrifty.launchers.base import JobState, JobStatus, LaunchError, node_env
 from thrifty.pricing import quote_emulated
-from thrifty.runs import latest_progress, read_metrics, run_key
+from thrifty.protocol import EXIT_BAD_INPUT
+from thrifty.runs import Attempt, latest_progress, read_metrics, run_key
 from thrifty.storage import open_store
 
 log = logging.getLogger("thrifty.launch")
 
-EXIT_BAD_INPUT = 2  # the training program's "fix your config" exit code: never worth a restart
 POLL_S = 0.1
 
 
@@ -141,7 +141,7 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 class LocalLauncher:
     """Runs jobs on this machine; one supervisor thread per job, in this process."""
 
-    def __init__(self) -> None:
+    def __init__(self, cfg: RunConfig | None = None) -> None:
         self._jobs: dict[str, _Job] = {}
 
     def submit(self, cfg: RunConfig, run_id: str) -> str:

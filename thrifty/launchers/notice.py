@@ -36,15 +36,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from thrifty.protocol import EXIT_RESUMABLE, STOP_KEY, STOPPED_KEY
+
 log = logging.getLogger("thrifty.notice")
 
 BASE_ENV = "THRIFTY_METADATA_BASE"  # e.g. http://127.0.0.1:8123 in tests; the real link-local address otherwise
 DEFAULT_BASE = {"aws": "http://169.254.169.254", "azure": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
 POLL_S = {"aws": 5.0, "gcp": 1.0, "azure": 1.0}  # AWS advises 5 s; Azure 1 s; GCP leaves only 30 s
 HTTP_TIMEOUT_S = 2.0
-EXIT_RESUMABLE = 75  # EX_TEMPFAIL: stopped with a checkpoint, run me again (the task's recover_on_exit_codes)
-STOP_KEY = "control/stop.json"  # under runs/<run_id>/: the launcher asks this job to checkpoint and stop
-STOPPED_KEY = "control/stopped-{job}.json"  # the node's answer: checkpoint saved, safe to tear down
 
 
 @dataclass

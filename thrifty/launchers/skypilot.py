@@ -30,9 +30,10 @@ from typing import Any, Callable
 import yaml
 
 from thrifty.config import ConfigError, RunConfig
-from thrifty.launchers.base import Attempt, JobState, JobStatus, LaunchError, node_env
-from thrifty.launchers.notice import EXIT_RESUMABLE, STOP_KEY, STOPPED_KEY
+from thrifty.launchers.base import JobState, JobStatus, LaunchError, node_env
 from thrifty.pricing import PricingError, Quote, parse_accelerator, quote_accelerator
+from thrifty.protocol import EXIT_RESUMABLE, STOP_KEY, STOPPED_KEY
+from thrifty.runs import Attempt
 
 log = logging.getLogger("thrifty.launch")
 
@@ -434,13 +435,13 @@ class SkyPilotLauncher:
         if self.cfg is None:
             return []
         try:
-            from thrifty.runs import read_ledger
+            from thrifty.runs import read_attempts
             from thrifty.storage import open_store
 
-            rows = read_ledger(open_store(self.cfg.store), self.cfg.run_name)
+            attempts = read_attempts(open_store(self.cfg.store), self.cfg.run_name)
         except Exception:
             return []
-        return [Attempt(**r) for r in rows if r.get("job_id") == job_id]
+        return [a for a in attempts if a.job_id == job_id]
 
     def _price(self, cloud: str, instance: str | None, accelerator: str | None, spot: bool) -> float:
         """$/hour of one node: the instance if the offline table knows it, else the accelerator's cheapest offer."""

@@ -1,0 +1,22 @@
+"""Fault points for crash tests: ``THRIFTY_FAULT=<point>:<n>`` SIGKILLs this process the n-th time it passes ``point``.
+
+Points: ``step`` (after an optimizer step), ``after_data`` (checkpoint data written, commit not yet),
+``after_commit``, ``archive_move`` (an object moved to the cold tier). Unset in normal runs, where a
+fault point is one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def fault_point(point: str) -> None:
+    spec = os.environ.get("THRIFTY_FAULT")
+    if not spec or not spec.startswith(point + ":"):
+        return
+    counter = f"_THRIFTY_FAULT_HITS_{point}"
+    hits = int(os.environ.get(counter, "0")) + 1
+    os.environ[counter] = str(hits)
+    if hits == int(spec.split(":", 1)[1]):
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,24 @@
+"""What a training node and the machine that launched it agree on: exit codes, environment, control objects.
+
+The launchers (``thrifty.launchers``), the node-side notice watcher (``thrifty.launchers.notice``)
+and the training program (``training``) all read these names from here, so none of them has to
+import another to know what an exit code or a stop request means.
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------- exit codes of the training program and the node
+
+EXIT_OK = 0  # finished (or stopped on a signal with its work saved)
+EXIT_FAILED = 1  # a bug or a service failure: worth a restart (up to compute.max_restarts)
+EXIT_BAD_INPUT = 2  # the config or the data needs a change: never worth a restart, never rented for
+EXIT_RESUMABLE = 75  # EX_TEMPFAIL: stopped on a spot notice with a checkpoint, run me again (SkyPilot recover_on_exit_codes)
+
+# ---------------------------------------------------------------- the node's environment
+
+ENV_CONFIG = "THRIFTY_RUN_CONFIG"  # the RunConfig as JSON
+
+# ---------------------------------------------------------------- control objects under runs/<run_id>/
+
+STOP_KEY = "control/stop.json"  # the launcher asks a job to checkpoint and stop (names the job)
+STOPPED_KEY = "control/stopped-{job}.json"  # the node's answer: checkpoint saved, safe to tear down
