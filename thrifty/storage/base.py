@@ -1,0 +1,89 @@
+"""What every store shares: the Store protocol, its errors, ObjectInfo, RestoreStatus, cold classes, key helpers.
+
+Keys are '/'-separated strings relative to the store root; a URI never passes through
+``Path`` unless it is a local one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+class StoreError(RuntimeError):
+    """A store cannot be used as configured (missing, denied, unsupported)."""
+
+
+class NotFound(KeyError):
+    """No object at that key."""
+
+
+class Archived(StoreError):
+    """The object is in an archive tier: it must be restored (``thrifty archive restore``) before it can be read."""
+
+
+# storage classes / access tiers whose objects are not meant to be read in place (a restore or a retrieval
+# fee first): what the archiver moves things to, and what checkpoints and the cache treat as archived
+COLD_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE", "GLACIER_IR", "COLDLINE", "ARCHIVE", "Cold", "Archive"})
+
+
+def is_cold(storage_class: str) -> bool:
+    return storage_class in COLD_CLASSES
+
+
+@dataclass(frozen=True)
+class RestoreStatus:
+    """Where the restore of one archived object stands."""
+
+    key: str
+    state: str  # "done" (readable, back in the hot class), "requested" (just asked), "in progress"
+    eta: str  # what the provider says a restore takes, e.g. "3-5 hours"
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    last_modified: dt.datetime
+    storage_class: str
+
+
+class Store(Protocol):
+    uri: str
+
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def put_file(self, key: str, local_path: str | Path) -> None: ...
+    def get_file(self, key: str, local_path: str | Path) -> None: ...
+    def exists(self, key: str) -> bool: ...
+    def list(self, prefix: str = "") -> list[ObjectInfo]: ...
+    def delete(self, key: str) -> None: ...
+    def set_storage_class(self, key: str, storage_class: str) -> None:
+        """Move an object to another class or tier, named as its service names them (GLACIER, COLDLINE, Cool)."""
+        ...
+    def restore(self, key: str, *, priority: str = "standard", days: int = 7) -> RestoreStatus:
+        """Start (or finish) bringing an archived object back to the hot class; safe to call again.
+
+        ``priority`` is bulk | standard | high (the provider's cheaper/faster retrieval options);
+        ``days`` is how long S3 keeps a restored copy readable before it is copied back to STANDARD.
+        """
+        ...
+    def local_path(self, key: str) -> Path | None:
+        """A path readable in place (file stores), or None where the object must be fetched."""
+        ...
+
+
+RESTORE_PRIORITIES = ("bulk", "standard", "high")
+
+
+def _clean_key(key: str) -> str:
+    parts = [p for p in key.split("/") if p not in ("", ".")]
+    if any(p == ".." for p in parts) or not parts:
+        raise ValueError(f"invalid store key {key!r}")
+    return "/".join(parts)
+
+
+def join_key(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
