@@ -1,0 +1,28 @@
+"""SkyPilot managed jobs behind the Launcher protocol: RunConfig -> ``sky.Task``, submit, status, cancel.
+
+Only ``submit``, ``status`` and ``cancel`` reach SkyPilot's API server (``sky.jobs.launch``,
+``sky.jobs.queue_v2``, ``sky.jobs.cancel``, ``sky.get``); building the task and ``plan`` are offline.
+
+Files: ``task`` (candidates, task YAML, plan), ``queue`` (queue records -> JobState and Attempts),
+``launcher`` (SkyPilotLauncher), ``preflight`` (offline checks before a launch).
+"""
+
+from __future__ import annotations
+
+from thrifty.launchers.skypilot.launcher import JOB_PREFIX, SkyPilotLauncher
+from thrifty.launchers.skypilot.preflight import CREDENTIAL_HINTS, has_credentials, preflight, remote_api_server
+from thrifty.launchers.skypilot.queue import (
+    END_REASON, QUEUE_FIELDS, STATE_MAP, PriceFn, parse_cluster_resources, record_state, skypilot_task_id,
+    update_attempts,
+)
+from thrifty.launchers.skypilot.task import (
+    MASTER_PORT, RUN_MULTI, RUN_SINGLE, SETUP, STORE_MOUNT, VENV, Candidate, build_task, candidates, job_name,
+    plan_text, store_mount_source, task_config, task_yaml,
+)
+
+__all__ = [
+    "CREDENTIAL_HINTS", "END_REASON", "JOB_PREFIX", "MASTER_PORT", "QUEUE_FIELDS", "RUN_MULTI", "RUN_SINGLE", "SETUP",
+    "STATE_MAP", "STORE_MOUNT", "VENV", "Candidate", "PriceFn", "SkyPilotLauncher", "build_task", "candidates",
+    "has_credentials", "job_name", "parse_cluster_resources", "plan_text", "preflight", "record_state",
+    "remote_api_server", "skypilot_task_id", "store_mount_source", "task_config", "task_yaml", "update_attempts",
+]

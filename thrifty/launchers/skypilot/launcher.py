@@ -1,0 +1,185 @@
+"""SkyPilotLauncher: managed jobs submitted, followed (with priced ledger Attempts) and cancelled through SkyPilot's SDK."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from thrifty.config import ConfigError, RunConfig
+from thrifty.launchers.base import JobStatus, LaunchError
+from thrifty.launchers.skypilot.queue import QUEUE_FIELDS, _value, record_state, skypilot_task_id, update_attempts
+from thrifty.launchers.skypilot.task import build_task, candidates, task_config
+from thrifty.pricing import PricingError, quote_accelerator
+from thrifty.protocol import STOP_KEY, STOPPED_KEY
+from thrifty.runs import Attempt
+
+log = logging.getLogger("thrifty.launch")
+
+JOB_PREFIX = "sky-"  # our job ids: sky-<managed job id>
+
+
+def _number(job_id: str) -> int:
+    if not job_id.startswith(JOB_PREFIX) or not job_id[len(JOB_PREFIX):].isdigit():
+        raise LaunchError(f"{job_id!r} is not a SkyPilot job id of this launcher (expected {JOB_PREFIX}<number>)")
+    return int(job_id[len(JOB_PREFIX):])
+
+
+class SkyPilotLauncher:
+    """Managed jobs through SkyPilot's SDK; one instance may watch jobs it did not submit (ids ``sky-<n>``)."""
+
+    def __init__(self, cfg: RunConfig | None = None, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.time):
+        self.cfg, self.sleep, self.clock = cfg, sleep, clock
+        self._attempts: dict[str, list[Attempt]] = {}
+        self._nodes: dict[str, int] = {}
+
+    # ------------------------------------------------------------ submit
+    def submit(self, cfg: RunConfig, run_id: str) -> str:
+        import sky
+
+        self.cfg = cfg
+        config = task_config(cfg, run_id)
+        workdir = Path(cfg.compute.workdir).resolve()
+        if not (workdir / "pyproject.toml").is_file():
+            raise ConfigError(f"'compute.workdir': {str(workdir)!r} has no pyproject.toml; point it at the thrifty "
+                              "project directory (setup installs it on the node)")
+        config["workdir"] = str(workdir)
+        task = build_task(config)
+        name = config["name"]
+        request = sky.jobs.launch(task, name=name)
+        job_ids, _handle = sky.get(request)
+        ids = job_ids if isinstance(job_ids, list) else [job_ids]
+        if not ids or ids[0] is None:
+            raise LaunchError(f"SkyPilot accepted job {name!r} but returned no job id")
+        job_id = f"{JOB_PREFIX}{int(ids[0])}"
+        self._attempts[job_id], self._nodes[job_id] = self._seed(job_id), cfg.compute.num_nodes
+        log.info("submitted SkyPilot managed job %s (%s): `sky jobs logs %d` follows it", job_id, name, ids[0])
+        return job_id
+
+    # ------------------------------------------------------------ status
+    def _record(self, job_id: str) -> Any:
+        import sky
+
+        number = _number(job_id)
+        result = sky.get(sky.jobs.queue_v2(refresh=False, skip_finished=False, job_ids=[number], fields=QUEUE_FIELDS))
+        records = result[0] if isinstance(result, tuple) else result
+        mine = [r for r in records if _value(r, "job_id") == number]
+        if not mine:
+            raise LaunchError(f"SkyPilot has no managed job {number} ({job_id}); `sky jobs queue` lists the jobs")
+        return mine[0]
+
+    def _seed(self, job_id: str) -> list[Attempt]:
+        """Attempts this run's ledger already holds for ``job_id`` (a restarted watcher keeps its history)."""
+        if self.cfg is None:
+            return []
+        try:
+            from thrifty.runs import read_attempts
+            from thrifty.storage import open_store
+
+            attempts = read_attempts(open_store(self.cfg.store), self.cfg.run_name)
+        except Exception:
+            return []
+        return [a for a in attempts if a.job_id == job_id]
+
+    def _price(self, cloud: str, instance: str | None, accelerator: str | None, spot: bool) -> float:
+        """$/hour of one node: the instance if the offline table knows it, else the accelerator's cheapest offer."""
+        from thrifty.pricing import find_instance
+
+        if instance:
+            try:
+                row = find_instance(cloud, instance)
+                price = row.spot_usd_per_hour if spot else row.on_demand_usd_per_hour
+                if price is not None:
+                    return float(price)
+            except PricingError:
+                pass
+        if accelerator:
+            try:
+                return quote_accelerator(cloud, accelerator, spot).usd_per_hour
+            except PricingError:
+                pass
+        # Never $0: charge the dearest candidate this run allows on that cloud, or fail loudly.
+        if self.cfg is not None:
+            cands = [k.quote.usd_per_hour for k in candidates(self.cfg)[0] if k.cloud == cloud]
+            if cands:
+                log.warning("no price for %s %s (%s); metering at the dearest candidate, $%.3f/h", cloud, instance,
+                            accelerator, max(cands))
+                return max(cands)
+        raise LaunchError(f"no price for {cloud} {instance} ({accelerator}); add it to thrifty/pricing.py")
+
+    def status(self, job_id: str) -> JobStatus:
+        rec = self._record(job_id)
+        state, sky_state = record_state(rec)
+        if job_id not in self._attempts:
+            self._attempts[job_id] = self._seed(job_id)
+        nodes = self._nodes.get(job_id) or (self.cfg.compute.num_nodes if self.cfg else 1)
+        self._attempts[job_id] = update_attempts(self._attempts[job_id], rec, job_id, nodes, self._price, self.clock())
+        attempts = self._attempts[job_id]
+        where = ""
+        if attempts:
+            a = attempts[-1]
+            where = f" on {a.cloud} {a.region} {a.instance} {'spot' if a.spot else 'on-demand'}"
+        recoveries = int(_value(rec, "recovery_count") or 0)
+        parts = [f"SkyPilot {sky_state}{where}", f"{recoveries} recovery(ies)"]
+        if _value(rec, "failure_reason"):
+            parts.append(str(_value(rec, "failure_reason")))
+        elif _value(rec, "details"):
+            parts.append(str(_value(rec, "details")))
+        task_id = skypilot_task_id(rec)
+        if task_id:
+            parts.append(f"task {task_id}")
+        return JobStatus(job_id, state, [replace(a) for a in attempts], "; ".join(parts))
+
+    def attempts(self, job_id: str) -> list[Attempt]:
+        return self.status(job_id).attempts
+
+    # ------------------------------------------------------------ cancel
+    def cancel(self, job_id: str) -> None:
+        """Checkpoint first, then tear down.
+
+        ``sky.jobs.cancel(graceful=True)`` SIGTERMs the job's process group and flushes MOUNT_CACHED
+        uploads, but does not wait for the trainer to save. So a running job is first asked to stop
+        through the store (the node's watcher SIGTERMs the trainer and acknowledges once the
+        checkpoint is written), and only then, or after ``stop_checkpoint_timeout_s``, cancelled.
+        """
+        import sky
+
+        number = _number(job_id)
+        state, sky_state = record_state(self._record(job_id))
+        if state.terminal or sky_state == "CANCELLING":
+            return
+        if sky_state == "RUNNING" and self.cfg is not None:
+            self._request_stop(job_id, number)
+        sky.get(sky.jobs.cancel(job_ids=[number], graceful=True))
+        log.info("cancelled SkyPilot managed job %s", job_id)
+
+    def _request_stop(self, job_id: str, number: int) -> None:
+        from thrifty.runs import run_key
+        from thrifty.storage import NotFound, open_store
+
+        assert self.cfg is not None
+        store, run_id = open_store(self.cfg.store), self.cfg.run_name
+        store.put_bytes(run_key(run_id, STOP_KEY), json.dumps(
+            {"managed_job_id": number, "job_id": job_id, "requested_unix": self.clock(), "reason": "cancel"}).encode())
+        deadline = self.clock() + self.cfg.compute.stop_checkpoint_timeout_s
+        ack = run_key(run_id, STOPPED_KEY.format(job=number))
+        next_status = 0.0
+        while self.clock() < deadline:
+            try:
+                store.get_bytes(ack)
+                log.info("job %s saved its checkpoint; tearing it down", job_id)
+                return
+            except NotFound:
+                pass
+            if self.clock() >= next_status:  # the job may end on its own meanwhile
+                if record_state(self._record(job_id))[0].terminal:
+                    return
+                next_status = self.clock() + 15.0
+            self.sleep(2.0)
+        log.warning("job %s did not confirm a checkpoint within %.0f s; cancelling anyway", job_id,
+                    self.cfg.compute.stop_checkpoint_timeout_s)
+
