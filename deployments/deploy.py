@@ -6,6 +6,7 @@ with a message saying what to change. The last step installs deployments/automat
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,11 @@ from typing import Any, Callable
 
 import yaml
 
+from thrifty.protocol import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+
 WORK_POOL = "thrifty-process"  # prefect.yaml's deployments name this pool; a test keeps them in step
 WORK_POOL_TYPE = "process"  # runs flows as subprocesses of the worker: no Docker or cluster needed
 PREFECT_FILE = "prefect.yaml"
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 class DeployError(Exception):
@@ -143,3 +144,8 @@ def deploy_all(project_dir: str | Path = ".", pool: str = WORK_POOL,
         return exc.exit_code
     echo(f"deployed {', '.join(sorted(pools))}; serve them with `prefect worker start --pool {pool}`")
     return EXIT_OK
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """``thrifty deploy``: create the work pool and deploy prefect.yaml's deployments to the server at PREFECT_API_URL."""
+    return deploy_all(args.project_dir, alerts_block=args.alerts_block)

@@ -46,7 +46,7 @@ def _config(flow_run: Any) -> RunConfig:
     raw = flow_run.parameters.get("config", {})
     cfg = raw if isinstance(raw, RunConfig) else RunConfig.model_validate(raw or {})
     when = flow_run.expected_start_time  # the flow resolves '{date}' from the same scheduled time
-    return cfg.for_date(when.date() if when else dt.datetime.now(dt.timezone.utc).date())
+    return cfg.resolved(when.date() if when else dt.datetime.now(dt.timezone.utc).date())
 
 
 def running_message(cfg: RunConfig) -> str:

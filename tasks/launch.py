@@ -15,6 +15,7 @@ from tasks.alerts import BudgetGuard
 from thrifty.budget import BudgetExceeded, spend_usd
 from thrifty.config import RunConfig
 from thrifty.launchers import JobState, LaunchError, make_launcher
+from thrifty.results import JobOutcome
 from thrifty.runs import Attempt, latest_progress, read_attempts, read_metrics, read_summary, write_attempts
 from thrifty.storage import open_store
 
@@ -34,7 +35,7 @@ def _stop_gracefully(launcher: Any, job_id: str, grace_s: float) -> None:
 
 
 @task(name="launch-and-watch", retries=0)
-def launch_and_watch(config: RunConfig, poll_s: float = 1.0) -> dict[str, Any]:
+def launch_and_watch(config: RunConfig, poll_s: float = 1.0) -> JobOutcome:
     """Submit the job, poll until it ends, keep the ledger and the budget; returns the outcome and the run summary."""
     logger = get_run_logger()
     store = open_store(config.store)
@@ -43,7 +44,7 @@ def launch_and_watch(config: RunConfig, poll_s: float = 1.0) -> dict[str, Any]:
     guard = BudgetGuard(config, store, run_id, logger)
     previous_rows = read_attempts(store, run_id)  # the budget is per run: earlier jobs count too
     submitted_unix = time.time()
-    job_id = launcher.submit(config, run_id)
+    job_id = launcher.submit(config)
     logger.info("submitted job %s (%s launcher)", job_id, config.compute.launcher)
     progress_id = create_progress_artifact(0.0, description=f"training progress of run {run_id}")
     last_logged: tuple | None = None
@@ -93,10 +94,5 @@ def launch_and_watch(config: RunConfig, poll_s: float = 1.0) -> dict[str, Any]:
     if status.state != JobState.SUCCEEDED:
         raise LaunchError(f"job {job_id} ended {status.state.value}: {status.message}")
     update_progress_artifact(progress_id, 100.0)
-    return {
-        "job_id": job_id,
-        "state": status.state.value,
-        "attempts": [a.row() for a in status.attempts],
-        "preemptions": sum(1 for a in status.attempts if a.end_reason == "preempted"),
-        "summary": read_summary(store, run_id),
-    }
+    return JobOutcome(job_id=job_id, state=status.state.value, attempts=status.attempts,
+                      summary=read_summary(store, run_id))

@@ -10,10 +10,11 @@ from prefect.cache_policies import TASK_SOURCE, CachePolicy
 from prefect.utilities.hashing import hash_objects
 
 from thrifty.config import ConfigError, RunConfig
+from thrifty.results import PrepResult
 from thrifty.storage import open_store
 from thrifty.shards import read_manifest
 from training.data import cache_key, ensure_shards
-from training.recipes.base import EmptyDataError, resolve_recipe
+from training.recipes.base import resolve_recipe
 
 
 @dataclass
@@ -42,7 +43,7 @@ def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     """Retry store hiccups; never a config or data problem, which a retry cannot fix."""
     try:
         state.result()
-    except (ConfigError, EmptyDataError):
+    except ConfigError:  # EmptyDataError too
         return False
     except Exception:
         return True
@@ -51,16 +52,16 @@ def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
 
 @task(name="preprocess", cache_policy=ShardCacheKey(), persist_result=True,
       retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=_retry_transient)
-def preprocess(config: RunConfig) -> dict[str, Any]:
+def preprocess(config: RunConfig) -> PrepResult:
     """Ensure the run's shards exist in the store; a hit is one manifest read."""
     recipe = resolve_recipe(config.recipe)
     result = ensure_shards(open_store(config.store), recipe, recipe.parse_params(config.recipe_params))
     splits = result.manifest["splits"]
-    return {
-        "key": result.key,
-        "hit": result.hit,
-        "seconds": round(result.seconds, 3),
-        "cold_seconds": result.manifest.get("preprocess_seconds", 0.0),  # what preprocessing costs without the cache
-        "examples": {split: arrays[next(iter(arrays))]["shape"][0] for split, arrays in splits.items()},
-        "bytes": sum(s["bytes"] for arrays in splits.values() for spec in arrays.values() for s in spec["shards"]),
-    }
+    return PrepResult(
+        key=result.key,
+        hit=result.hit,
+        seconds=round(result.seconds, 3),
+        cold_seconds=result.manifest.get("preprocess_seconds", 0.0),
+        examples={split: arrays[next(iter(arrays))]["shape"][0] for split, arrays in splits.items()},
+        bytes=sum(s["bytes"] for arrays in splits.values() for spec in arrays.values() for s in spec["shards"]),
+    )

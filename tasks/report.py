@@ -9,7 +9,10 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from thrifty import savings
+from thrifty.budget import Estimate
 from thrifty.config import RunConfig
+from thrifty.results import JobOutcome, PrepResult, SmokeResult
+from thrifty.savings import SavingsReport
 from thrifty.runs import Attempt, read_attempts, read_metrics
 from thrifty.storage import open_store
 
@@ -51,59 +54,61 @@ def loss_and_spend_chart(metrics: list[dict[str, Any]], attempts: list[Attempt],
     return "\n".join(lines) + "\n"
 
 
-def render_summary(run_id: str, prep: dict[str, Any], smoke: dict[str, Any], estimate: dict[str, Any],
-                   job: dict[str, Any], figures: dict[str, Any]) -> str:
-    summary = job.get("summary") or {}
-    best = summary.get("best_metric") or {}
-    final = summary.get("final_metrics") or {}
-    lev = figures["levers_usd"]
+def render_summary(run_id: str, prep: PrepResult, smoke: SmokeResult, estimate: Estimate, job: JobOutcome,
+                   figures: SavingsReport) -> str:
+    summary = job.summary
+    best = summary.best_metric if summary else None
+    final = summary.final_metrics if summary else {}
+    lev = figures.levers_usd
     lines = [
         f"# Run `{run_id}`",
         "",
         "| | |",
         "|---|---|",
-        f"| preprocessing cache | {'hit' if prep['hit'] else 'miss'} (key `{prep['key']}`, {prep['seconds']} s) |",
-        f"| smoke test | passed: {smoke['steps']} steps on CPU, {smoke['precision_checked']} autocast, "
-        f"{smoke['cpu_step_time_s']} s/step |",
-        f"| estimate before launch | ${estimate['usd']:.5f} ({estimate['assumption']}) |",
-        f"| job | `{job['job_id']}` {job['state']} |",
-        f"| attempts | {len(job['attempts'])} ({job['preemptions']} preemption(s) survived) |",
-        f"| steps | {summary.get('steps')} of {summary.get('total_steps')} ({summary.get('epochs')} epochs) |",
-        f"| early stop | {'yes' if summary.get('stopped_early') else 'no'} |",
-        f"| best {best.get('name')} | {best.get('value')} at step {best.get('step')} |",
+        f"| preprocessing cache | {'hit' if prep.hit else 'miss'} (key `{prep.key}`, {prep.seconds} s) |",
+        f"| smoke test | passed: {smoke.steps} steps on CPU, {smoke.precision_checked} autocast, "
+        f"{smoke.cpu_step_time_s} s/step |",
+        f"| estimate before launch | ${estimate.usd:.5f} ({estimate.assumption}) |",
+        f"| job | `{job.job_id}` {job.state} |",
+        f"| attempts | {len(job.attempts)} ({job.preemptions} preemption(s) survived) |",
+        f"| steps | {summary.steps if summary else None} of {summary.total_steps if summary else None} "
+        f"({summary.epochs if summary else None} epochs) |",
+        f"| early stop | {'yes' if summary and summary.stopped_early else 'no'} |",
+        f"| best {best.name if best else None} | {best.value if best else None} at step {best.step if best else None} |",
         *[f"| final {k} | {v:.4f} |" for k, v in final.items()],
-        f"| checkpoints written / resumes | {summary.get('checkpoints_written')} / {summary.get('resumes')} |",
-        f"| data-wait fraction | {summary.get('data_wait_fraction')} |",
-        f"| cost | ${figures['actual_usd']:.5f} (on-demand: ${figures['actual_usd'] + lev['spot']:.5f}) |",
-        f"| weights sha256 | `{summary.get('weights_sha256')}` |",
+        f"| checkpoints written / resumes | {summary.checkpoints_written if summary else None} / "
+        f"{summary.resumes if summary else None} |",
+        f"| data-wait fraction | {summary.data_wait_fraction if summary else None} |",
+        f"| cost | ${figures.actual_usd:.5f} (on-demand: ${figures.on_demand_usd:.5f}) |",
+        f"| weights sha256 | `{summary.weights_sha256 if summary else None}` |",
         "",
         "## Savings",
         "",
-        f"Actual **${figures['actual_usd']:.5f}** against **${figures['naive_usd']:.5f}** the naive way: "
-        f"saved ${figures['saved_usd']:.5f} ({figures['saved_fraction']:.0%}).",
+        f"Actual **${figures.actual_usd:.5f}** against **${figures.naive_usd:.5f}** the naive way: "
+        f"saved ${figures.saved_usd:.5f} ({figures.saved_fraction:.0%}).",
         "",
         "| lever | saved $ |",
         "|---|---:|",
         *[f"| {k.replace('_', ' ')} | {v:.5f} |" for k, v in lev.items()],
-        f"| preemption waste ({figures['preemption_waste']['steps']} steps recomputed) | "
-        f"-{figures['preemption_waste']['usd']:.5f} |",
+        f"| preemption waste ({figures.preemption_waste.steps} steps recomputed) | "
+        f"-{figures.preemption_waste.usd:.5f} |",
         "",
-        *[f"- {a}" for a in figures["assumptions"]],
+        *[f"- {a}" for a in figures.assumptions],
         "",
     ]
     return "\n".join(lines) + "\n"
 
 
 @task(name="report", retries=0)
-def report(config: RunConfig, prep: dict[str, Any], smoke: dict[str, Any], estimate: dict[str, Any],
-           job: dict[str, Any]) -> dict[str, Any]:
+def report(config: RunConfig, prep: PrepResult, smoke: SmokeResult, estimate: Estimate,
+           job: JobOutcome) -> SavingsReport:
     """Artifacts for the run and the cross-run savings table; returns the savings figures."""
     run_id = config.run_name
     store = open_store(config.store)
     metrics = read_metrics(store, run_id)
     attempts = read_attempts(store, run_id)  # every job of this run: a resumed run's earlier spend counts
-    figures = savings.breakdown(attempts, job.get("summary") or {}, prep["hit"], prep.get("cold_seconds", 0.0), metrics)
-    savings.write(store, run_id, figures)
+    figures = savings.breakdown(run_id, attempts, job.summary, prep.hit, prep.cold_seconds, metrics)
+    savings.write(store, figures)
 
     chart = loss_and_spend_chart(metrics, attempts)
     markdown = render_summary(run_id, prep, smoke, estimate, job, figures) + "## Loss and spend\n\n" + chart
@@ -115,5 +120,4 @@ def report(config: RunConfig, prep: dict[str, Any], smoke: dict[str, Any], estim
     create_table_artifact(rows, key=artifact_key(run_id, "attempts"), description=f"Attempts of run {run_id}")
     create_table_artifact(savings.table(savings.read_all(store)), key=SAVINGS_TABLE_KEY,
                           description=f"Savings of every Thrifty run in {store.uri}")
-    return {"markdown": markdown, **figures}
-
+    return figures

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import get_run_logger, task
 
 from thrifty.config import RunConfig
+from thrifty.results import SmokeResult
 from training.smoke import smoke_test
 
 
 @task(name="smoke-test", retries=0)
-def smoke(config: RunConfig, steps: int = 3) -> dict[str, Any]:
+def smoke(config: RunConfig, steps: int = 3) -> SmokeResult:
     """A few real optimizer steps, an autocast forward and a checkpoint round trip of the real model."""
     result = smoke_test(config, steps=steps)
     get_run_logger().info(
         "smoke test passed: %d steps, loss %s, %.4f s/step on CPU, %s autocast checked, %d parameters",
-        result["steps"], result["losses"], result["cpu_step_time_s"], result["precision_checked"], result["parameters"],
+        result.steps, result.losses, result.cpu_step_time_s, result.precision_checked, result.parameters,
     )
     return result

@@ -379,7 +379,7 @@ def test_a_dry_run_needs_no_write_access(tmp_path, monkeypatch, capsys):
     def denied(uri):
         raise StoreError(f"store {uri!r}: access denied (write); grant the identity in use s3:PutObject")
 
-    monkeypatch.setattr(archive, "check_store", denied)
+    monkeypatch.setattr(archive.store, "check_store", denied)
     assert main(["archive", "--store", str(root), "--as-of", LATER.date().isoformat()]) == 0
     assert "| to archive | 4 objects" in capsys.readouterr().out
     assert main(["archive", "gold", "done", "--store", str(root)]) == 2

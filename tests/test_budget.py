@@ -138,7 +138,7 @@ def test_one_alert_per_threshold_crossed(webhook, tmp_path):
     cfg = run_config(tmp_path / "store", "alerts", max_usd=1.0, thresholds=[0.02, 0.04],
                      burn_rate_alert_usd_per_hour=10.0)
     out = train_pipeline(cfg, poll_s=0.2)
-    assert out["cost_usd"] > 0.04, "the run must cost enough to cross both thresholds"
+    assert out.cost_usd > 0.04, "the run must cost enough to cross both thresholds"
     got = messages(webhook, "alerts")
     assert sum("2% of its $1 budget" in m for m in got) == 1
     assert sum("4% of its $1 budget" in m for m in got) == 1
@@ -170,13 +170,13 @@ def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook,
     assert any("capped failed: spent $" in m for m in messages(webhook, "capped")), "on_failure hook"
 
     out = train_pipeline(run_config(store, "capped", max_usd=5.0, burn_rate_alert_usd_per_hour=None), poll_s=0.2)
-    summary = out["summary"]
-    assert summary["resumes"] >= 1 and summary["status"] in ("completed", "stopped_early")
+    summary = out.summary
+    assert summary.resumes >= 1 and summary.status in ("completed", "stopped_early")
     ledger = [json.loads(line) for line in (store / "runs" / "capped" / "ledger.jsonl").read_text().splitlines()]
     assert [r["end_reason"] for r in ledger] == ["cancelled", "succeeded"]
-    assert out["savings"]["actual_usd"] == pytest.approx(sum(
+    assert out.savings.actual_usd == pytest.approx(sum(
         (r["ended_unix"] - r["started_unix"]) / 3600 * r["usd_per_hour"] for r in ledger), abs=1e-5)  # figures are rounded to 6 places
-    assert out["savings"]["levers_usd"]["spot"] > 0 and out["savings"]["naive_usd"] > out["savings"]["actual_usd"]
+    assert out.savings.levers_usd["spot"] > 0 and out.savings.naive_usd > out.savings.actual_usd
 
     from thrifty.cli import main
 

@@ -300,11 +300,11 @@ def test_resuming_a_completed_run_does_not_train_further(tmp_path):
     first = train(cfg).summary
     ckpts = sorted((tmp_path / "store" / "runs" / "done" / "ckpt").iterdir())
     second = train(cfg).summary
-    assert second["steps"] == first["steps"] == first["total_steps"]
-    assert second["weights_sha256"] == first["weights_sha256"]
-    assert second["final_metrics"] == first["final_metrics"]
-    assert second["checkpoints_written"] == first["checkpoints_written"]
-    assert second["status"] == "completed" and second["resumes"] == first["resumes"] + 1
+    assert second.steps == first.steps == first.total_steps
+    assert second.weights_sha256 == first.weights_sha256
+    assert second.final_metrics == first.final_metrics
+    assert second.checkpoints_written == first.checkpoints_written
+    assert second.status == "completed" and second.resumes == first.resumes + 1
     assert sorted((tmp_path / "store" / "runs" / "done" / "ckpt").iterdir()) == ckpts
 
 
@@ -317,9 +317,9 @@ def test_resuming_a_run_stopped_early_does_not_train_further(tmp_path):
                                                        "min_delta": 1.0})
     cfg = build_config(data)
     first = train(cfg).summary
-    assert first["stopped_early"] and first["steps"] == 6
+    assert first.stopped_early and first.steps == 6
     second = train(cfg).summary
-    assert (second["steps"], second["weights_sha256"], second["status"]) == (6, first["weights_sha256"],
+    assert (second.steps, second.weights_sha256, second.status) == (6, first.weights_sha256,
                                                                             "stopped_early")
 
 
@@ -339,7 +339,7 @@ def test_resume_after_precision_change_to_fp16(tmp_path):
         result = train(build_config(data))
     except ConfigError:
         return  # a clear, user-fixable refusal is acceptable
-    assert result.summary["steps"] == 10 and result.summary["precision"] == "fp16"
+    assert result.summary.steps == 10 and result.summary.precision == "fp16"
 
 
 def test_checkpoint_metric_belongs_to_the_checkpointed_weights(tmp_path):

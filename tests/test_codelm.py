@@ -115,11 +115,11 @@ def test_tiny_model_learns_below_unigram_entropy(store_dir: Path):
     )
     result = train(cfg)
     summary = result.summary
-    assert result.status == "completed" and summary["steps"] == 300
-    entropy = summary["unigram_entropy_nats"]
-    val_loss = summary["final_metrics"]["val_loss"]
+    assert result.status == "completed" and summary.steps == 300
+    entropy = summary.unigram_entropy_nats
+    val_loss = summary.final_metrics["val_loss"]
     assert val_loss < entropy - 0.5, (val_loss, entropy)
-    assert 0.0 < summary["final_metrics"]["val_token_accuracy"] < 1.0
+    assert 0.0 < summary.final_metrics["val_token_accuracy"] < 1.0
     assert json.loads((store_dir / "runs" / "codelm-tiny" / "summary.json").read_text())["unigram_entropy_nats"] == entropy
 
 

@@ -15,6 +15,7 @@ import torch
 
 from conftest import PYTHON, python_env
 from thrifty.config import build_config
+from thrifty.runs import RunSummary
 from thrifty.storage import open_store
 from training.checkpoint import CheckpointManager
 from training.loop import train
@@ -32,8 +33,8 @@ def config(tmp_path: Path, run: str, **train_cfg) -> dict:
 def test_auto_picks_bf16_on_cuda_and_digits_learns(tmp_path):
     result = train(build_config(config(tmp_path, "auto", precision="auto", max_epochs=20)))
     s = result.summary
-    assert s["device"] == "cuda" and s["precision"] == ("bf16" if torch.cuda.is_bf16_supported() else "fp16")
-    assert s["final_metrics"]["val_accuracy"] >= 0.95
+    assert s.device == "cuda" and s.precision == ("bf16" if torch.cuda.is_bf16_supported() else "fp16")
+    assert s.final_metrics["val_accuracy"] >= 0.95
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
@@ -53,8 +54,8 @@ def test_kill9_on_gpu_resumes_and_matches_an_uninterrupted_run(tmp_path, precisi
         assert not state["scaler"], "no GradScaler in bf16"
     resumed = subprocess.run(run, env=python_env(), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    s = json.loads(resumed.stdout[resumed.stdout.index("{"):])
-    assert s["resumes"] == 1 and s["device"] == "cuda" and s["precision"] == precision
-    assert s["steps"] == ref["steps"]
+    s = RunSummary.model_validate_json(resumed.stdout[resumed.stdout.index("{"):])
+    assert s.resumes == 1 and s.device == "cuda" and s.precision == precision
+    assert s.steps == ref.steps
     # same kernels, same order, RNG states restored: the GPU run ends bit-identical too
-    assert s["weights_sha256"] == ref["weights_sha256"]
+    assert s.weights_sha256 == ref.weights_sha256

@@ -19,7 +19,8 @@ import pytest
 
 from conftest import PYTHON, REPO, python_env
 from thrifty.launchers import notice
-from thrifty.launchers.notice import EXIT_RESUMABLE, exit_code
+from thrifty.launchers.notice import exit_code
+from thrifty.protocol import EXIT_RESUMABLE
 
 POLL_S = 0.2
 

@@ -42,8 +42,8 @@ def store(tmp_path_factory) -> Path:
 def reference(prefect_harness, store) -> dict:
     """An uninterrupted run; it is also the first run on this data, so preprocessing is a miss."""
     out = train_pipeline(config(store, "ref"), poll_s=0.2)
-    assert out["cache_hit"] is False
-    assert len(out["job"]["attempts"]) == 1 and out["job"]["attempts"][0]["end_reason"] == "succeeded"
+    assert out.cache_hit is False
+    assert len(out.job.attempts) == 1 and out.job.attempts[0].end_reason == "succeeded"
     return out
 
 
@@ -51,16 +51,16 @@ def reference(prefect_harness, store) -> dict:
 def test_preempted_run_resumes_and_matches_uninterrupted(prefect_harness, store, reference, mode):
     run = f"preempted-{mode}"
     out = train_pipeline(config(store, run, preempt_after_steps=40, preempt_mode=mode), poll_s=0.2)
-    assert out["cache_hit"] is True, "same data, code and params: the second run is a cache hit"
-    attempts = out["job"]["attempts"]
-    assert [a["end_reason"] for a in attempts] == ["preempted", "succeeded"]
-    assert out["summary"]["resumes"] == 1
-    assert out["summary"]["weights_sha256"] == reference["summary"]["weights_sha256"]
-    assert out["summary"]["final_metrics"]["val_accuracy"] > 0.8  # 3 epochs; the demo trains 30
+    assert out.cache_hit is True, "same data, code and params: the second run is a cache hit"
+    attempts = out.job.attempts
+    assert [a.end_reason for a in attempts] == ["preempted", "succeeded"]
+    assert out.summary.resumes == 1
+    assert out.summary.weights_sha256 == reference.summary.weights_sha256
+    assert out.summary.final_metrics["val_accuracy"] > 0.8  # 3 epochs; the demo trains 30
     rows = ledger(store, run)
     assert [r["end_reason"] for r in rows] == ["preempted", "succeeded"]
     assert all(r["spot"] and r["instance"] == "g5.xlarge" and r["usd_per_hour"] > 0 for r in rows)
-    assert 0 < out["cost_usd"] < out["on_demand_usd"]
+    assert 0 < out.cost_usd < out.on_demand_usd
 
 
 def test_report_artifacts_published(prefect_harness, store, reference):
@@ -97,11 +97,11 @@ def test_prefect_cache_never_stands_in_for_another_stores_shards(prefect_harness
     from tasks.preprocess import preprocess
 
     first, second = tmp_path / "a", tmp_path / "b"
-    assert preprocess(config(first, "a"))["hit"] is False
+    assert preprocess(config(first, "a")).hit is False
     preprocess(config(first, "a"))  # the key exists once the manifest does: this run records it
     assert preprocess(config(first, "a"), return_state=True).name == "Cached"
     out = preprocess(config(second, "b"), return_state=True)
-    assert out.name != "Cached" and out.result()["hit"] is False
+    assert out.name != "Cached" and out.result().hit is False
     assert list((second / "cache").glob("*/manifest.json")), "the fresh store got its own shards"
 
 
@@ -109,7 +109,7 @@ def test_a_finished_run_is_not_launched_again(prefect_harness, store, reference)
     """Run the same config again: preprocessing is a hit and nothing is rented just to load the last checkpoint."""
     before = ledger(store, "ref")
     out = train_pipeline(config(store, "ref"), poll_s=0.2)
-    assert out["already_finished"] is True and out["cache_hit"] is True and out["job"] is None
-    assert out["summary"]["weights_sha256"] == reference["summary"]["weights_sha256"]
+    assert out.already_finished is True and out.cache_hit is True and out.job is None
+    assert out.summary.weights_sha256 == reference.summary.weights_sha256
     assert ledger(store, "ref") == before, "no new attempt"
-    assert out["cost_usd"] == pytest.approx(reference["cost_usd"], abs=1e-6)
+    assert out.cost_usd == pytest.approx(reference.cost_usd, abs=1e-6)

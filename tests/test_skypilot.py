@@ -344,7 +344,7 @@ def fake(monkeypatch):
 def test_submit_launches_a_real_task_with_an_absolute_workdir(fake, tmp_path):
     cfg = cloud_cfg(workdir=str(REPO))
     launcher = sp.SkyPilotLauncher(cfg)
-    job_id = launcher.submit(cfg, "cloud-run")
+    job_id = launcher.submit(cfg)
     assert job_id == "sky-7"
     task, name = fake.launched[0]
     assert isinstance(task, sky.Task) and name == "thrifty-cloud-run" == task.name
@@ -357,7 +357,7 @@ def test_status_follows_a_preemption_into_ledger_rows(fake, tmp_path):
     cfg = cloud_cfg(workdir=str(REPO), store=str(tmp_path / "store"))
     clock = {"now": T0}
     launcher = sp.SkyPilotLauncher(cfg, clock=lambda: clock["now"])
-    job = launcher.submit(cfg, "cloud-run")
+    job = launcher.submit(cfg)
 
     fake.set(7, status="STARTING")
     assert launcher.status(job).state is JobState.STARTING and launcher.attempts(job) == []
@@ -447,7 +447,7 @@ def test_cancel_asks_the_node_to_checkpoint_then_cancels_gracefully(fake, tmp_pa
         store.put_bytes(run_key("cloud-run", STOPPED_KEY.format(job=7)), b"{}")
 
     launcher = sp.SkyPilotLauncher(cfg, sleep=node_acknowledges)
-    job = launcher.submit(cfg, "cloud-run")
+    job = launcher.submit(cfg)
     fake.set(7, status="RUNNING", start_at=T0, last_recovered_at=T0, **on_cluster("AWS", "us-east-1", "g5.xlarge", "A10G:1"))
     launcher.cancel(job)
     assert len(slept) == 1
@@ -462,7 +462,7 @@ def test_cancel_gives_up_waiting_after_the_timeout_and_skips_pending_jobs(fake, 
     cfg = cloud_cfg(workdir=str(REPO), store=str(tmp_path / "store"), stop_checkpoint_timeout_s=10)
     clock = {"now": T0}
     launcher = sp.SkyPilotLauncher(cfg, sleep=lambda s: clock.update(now=clock["now"] + s), clock=lambda: clock["now"])
-    job = launcher.submit(cfg, "cloud-run")
+    job = launcher.submit(cfg)
     launcher.cancel(job)  # PENDING: nothing to checkpoint, cancel at once
     assert fake.cancelled[-1] == {"job_ids": [7], "graceful": True} and clock["now"] == T0
     assert not open_store(cfg.store).exists(run_key("cloud-run", STOP_KEY))

@@ -119,19 +119,19 @@ def test_train_with_accumulation_matches_one_big_batch(tmp_path, grad_clip):
                                      log_every=1)))
     acc = train(build_config(run_cfg(tmp_path, "acc", micro_batch=8, grad_accum_steps=4, grad_clip=grad_clip,
                                      log_every=1)))
-    assert big.summary["steps"] == acc.summary["steps"] == 30  # 480 // 32 = 15 steps per epoch, 2 epochs
+    assert big.summary.steps == acc.summary.steps == 30  # 480 // 32 = 15 steps per epoch, 2 epochs
     w_big, w_acc = final_state(tmp_path, "big")["model"], final_state(tmp_path, "acc")["model"]
     assert w_big.keys() == w_acc.keys()
     for name in w_big:
         assert torch.allclose(w_acc[name], w_big[name], atol=1e-5), (
             name, (w_acc[name] - w_big[name]).abs().max().item())
-    assert acc.summary["final_metrics"]["val_loss"] == pytest.approx(big.summary["final_metrics"]["val_loss"],
+    assert acc.summary.final_metrics["val_loss"] == pytest.approx(big.summary.final_metrics["val_loss"],
                                                                        abs=1e-5)
     # the logged training loss is the mean over the whole optimizer step in both
     assert len(train_losses(tmp_path, "big")) == 30
     assert train_losses(tmp_path, "acc") == pytest.approx(train_losses(tmp_path, "big"), abs=2e-6)
     # it trained at all
-    assert big.summary["final_metrics"]["val_loss"] < math.log(10)
+    assert big.summary.final_metrics["val_loss"] < math.log(10)
 
 
 # ---------------------------------------------------------------- precision
@@ -141,10 +141,10 @@ def test_train_with_accumulation_matches_one_big_batch(tmp_path, grad_clip):
 def test_mixed_precision_runs_complete_on_cpu(tmp_path, precision):
     result = train(build_config(run_cfg(tmp_path, precision, precision=precision)))
     s = result.summary
-    assert result.status == "completed" and s["steps"] == s["total_steps"] == 30
-    assert s["precision"] == precision and s["device"] == "cpu"
-    assert math.isfinite(s["final_metrics"]["val_loss"])
-    assert s["final_metrics"]["val_accuracy"] > 0.5
+    assert result.status == "completed" and s.steps == s.total_steps == 30
+    assert s.precision == precision and s.device == "cpu"
+    assert math.isfinite(s.final_metrics["val_loss"])
+    assert s.final_metrics["val_accuracy"] > 0.5
     scaler = final_state(tmp_path, precision)["scaler"]
     if precision == "fp16":
         assert "scale" in scaler and scaler["scale"] > 0  # fp16 trains with a GradScaler, and it is checkpointed
@@ -158,7 +158,7 @@ def test_fp16_scaler_state_is_restored_on_resume(tmp_path):
     saved = final_state(tmp_path, "fp16-resume")["scaler"]
     data["train"]["max_steps"] = 10
     result = train(build_config(data))
-    assert result.summary["resumes"] == 1 and result.summary["steps"] == 10
+    assert result.summary.resumes == 1 and result.summary.steps == 10
     # growth tracker counts steps since the last scale change: it continued from the checkpoint
     assert final_state(tmp_path, "fp16-resume")["scaler"]["_growth_tracker"] == saved["_growth_tracker"] + 5
 
@@ -168,7 +168,7 @@ def test_auto_precision_on_cpu_is_fp32(tmp_path):
     data = run_cfg(tmp_path, "auto", precision="auto", max_steps=3)
     data["train"]["device"] = "auto"
     s = train(build_config(data)).summary
-    assert s["precision"] == "fp32" and s["device"] == "cpu"
+    assert s.precision == "fp32" and s.device == "cpu"
     assert final_state(tmp_path, "auto")["scaler"] == {}
     summary_file = json.loads((tmp_path / "store" / "runs" / "auto" / "summary.json").read_text())
     assert summary_file["precision"] == "fp32"
@@ -184,11 +184,11 @@ def test_early_stopping_stops_the_run(tmp_path):
     data["train"]["early_stopping"] = {"metric": "val_accuracy", "mode": "max", "patience": 2, "min_delta": 1.0}
     result = train(build_config(data))
     s = result.summary
-    assert result.status == "stopped_early" and s["status"] == "stopped_early"
-    assert s["stopped_early"] is True
-    assert s["total_steps"] == 300
-    assert s["steps"] == 12 < s["total_steps"]  # evaluations at 4 (best), 8, 12 (2 without improvement)
-    assert s["best_metric"]["name"] == "val_accuracy" and s["best_metric"]["step"] == 4
+    assert result.status == "stopped_early" and s.status == "stopped_early"
+    assert s.stopped_early is True
+    assert s.total_steps == 300
+    assert s.steps == 12 < s.total_steps  # evaluations at 4 (best), 8, 12 (2 without improvement)
+    assert s.best_metric.name == "val_accuracy" and s.best_metric.step == 4
     # the stopping step was checkpointed, with the stopper's state
     state = final_state(tmp_path, "es")
     assert state["loop"]["step"] == 12 and state["early_stopping"]["stopped"] is True
@@ -199,7 +199,7 @@ def test_early_stopping_on_val_loss_with_a_learning_rate_that_diverges(tmp_path)
     data = run_cfg(tmp_path, "diverge", max_epochs=20, eval_every=2, lr=50.0, grad_clip=None)
     data["train"]["early_stopping"] = {"metric": "val_loss", "mode": "min", "patience": 3}
     s = train(build_config(data)).summary
-    assert s["stopped_early"] is True and s["steps"] < s["total_steps"]
+    assert s.stopped_early is True and s.steps < s.total_steps
 
 
 def test_disabled_early_stopping_runs_to_the_end(tmp_path):
@@ -207,5 +207,5 @@ def test_disabled_early_stopping_runs_to_the_end(tmp_path):
     data["train"]["early_stopping"] = {"enabled": False, "metric": "val_accuracy", "mode": "max", "patience": 1,
                                        "min_delta": 1.0}
     s = train(build_config(data)).summary
-    assert s["stopped_early"] is False and s["status"] == "completed" and s["steps"] == s["total_steps"]
-    assert s["best_metric"]["step"] == 2  # still tracked
+    assert s.stopped_early is False and s.status == "completed" and s.steps == s.total_steps
+    assert s.best_metric.step == 2  # still tracked

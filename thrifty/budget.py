@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from thrifty.config import BudgetConfig, RunConfig
 from thrifty.pricing import find_instance
 from thrifty.runs import Attempt
@@ -53,6 +55,11 @@ def gpus_per_node(cfg: RunConfig) -> int:
         cloud, _, instance = cfg.compute.emulate.partition(":")
         return accelerator_count(find_instance(cloud, instance).accelerator)
     return accelerator_count(cfg.compute.accelerators[0])
+
+
+def world_size(cfg: RunConfig) -> int:
+    """Training processes of the job: one per node locally, one per GPU on a cloud node."""
+    return cfg.compute.num_nodes * (1 if cfg.compute.launcher == "local" else gpus_per_node(cfg))
 
 
 def spend_usd(attempts: list[Attempt], now: float | None = None) -> float:
@@ -133,17 +140,21 @@ def due_alerts(snap: Snapshot, budget: BudgetConfig, state: AlertState, run_id: 
     return out
 
 
-@dataclass(frozen=True)
-class Estimate:
+class Estimate(BaseModel):
+    """The pre-launch cost estimate of a run, and how it was made."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     usd: float
     hours: float
     steps: int
     usd_per_hour: float
     assumption: str
+    price_source: str = ""
 
 
 def estimate_run(total_steps: int, cpu_seconds_per_example: float, examples_per_step: int, usd_per_hour: float,
-                 nodes: int, accelerator: str | None, launcher: str) -> Estimate:
+                 nodes: int, accelerator: str | None, launcher: str, price_source: str = "") -> Estimate:
     """Cost of ``total_steps`` from the smoke test's CPU speed scaled to the target accelerator (stated)."""
     if accelerator is None:  # the local launcher trains on this CPU: no scaling
         speedup, how = 1.0, "the run trains on this machine's CPU at the smoke test's measured speed"
@@ -157,8 +168,8 @@ def estimate_run(total_steps: int, cpu_seconds_per_example: float, examples_per_
         how = f"the smoke test's CPU step time scaled by an assumed {per_gpu:g}x per {name} x {count * nodes} GPU(s)"
     seconds = total_steps * examples_per_step * cpu_seconds_per_example / speedup + PROVISIONING_S[launcher]
     hours = seconds / 3600.0
-    return Estimate(hours * usd_per_hour * nodes, hours, total_steps, usd_per_hour * nodes,
-                    f"{how}, plus {PROVISIONING_S[launcher]:g} s of start-up")
+    return Estimate(usd=hours * usd_per_hour * nodes, hours=hours, steps=total_steps, usd_per_hour=usd_per_hour * nodes,
+                    assumption=f"{how}, plus {PROVISIONING_S[launcher]:g} s of start-up", price_source=price_source)
 
 
 def gate(estimate: Estimate, budget: BudgetConfig) -> None:

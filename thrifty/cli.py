@@ -1,86 +1,70 @@
-"""``thrifty``: the command line. Each command takes --config FILE and repeatable --set section.key=value."""
+"""``thrifty``: the command line. Each command takes --config FILE and repeatable --set section.key=value.
+
+This module parses and dispatches. Commands that need only the library run here; the others
+live in the room they drive and are named by module path, so the library imports none of them:
+``train`` and ``smoke`` in ``training.cli`` (the training program), ``run`` and ``archive
+--apply`` in ``flows.cli`` (Prefect flows), ``deploy`` in ``deployments.deploy``. A user-fixable
+error (a ``ConfigError`` or ``StoreError``) is caught once, in :func:`guarded`: exit 2 and the
+message, no traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
+from typing import Any, Callable
 
-from thrifty.config import ConfigError, RunConfig
+from thrifty.config import ConfigError, RunConfig, add_config_args, config_from_args
+from thrifty.protocol import EXIT_BAD_INPUT, EXIT_OK
+from thrifty.storage import StoreError
 
-EXIT_BAD_INPUT = 2
+Handler = Callable[[argparse.Namespace], int]
+
+# commands handled outside the library, by "module:function"
+ELSEWHERE = {
+    "train": "training.cli:cmd_train",
+    "smoke": "training.cli:cmd_smoke",
+    "run": "flows.cli:cmd_run",
+    "archive --apply": "flows.cli:cmd_archive_apply",
+    "deploy": "deployments.deploy:cmd_deploy",
+}
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from training.cli import run_train
-
-    return run_train(args)
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    """The main job: the Prefect flow preprocess -> smoke -> launch and watch -> report."""
+def error(message: str) -> None:
+    """An error line on stderr, never re-wrapped (users copy commands out of these messages)."""
     from rich.console import Console
-    from rich.table import Table
 
-    from thrifty.preflight import check_before_spending
-    from training.cli import resolve_config
+    Console(stderr=True).print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
 
-    console = Console(stderr=True)
+
+def guarded(handler: Handler, args: argparse.Namespace) -> int:
+    """Run a command; a user-fixable error is one message and exit 2."""
     try:
-        cfg = resolve_config(args)
-        check_before_spending(cfg)
-    except ConfigError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return handler(args)
+    except (ConfigError, StoreError) as exc:
+        error(str(exc))
         return EXIT_BAD_INPUT
-    console.print(f"[bold]thrifty run[/] {cfg.run_name}: recipe {cfg.recipe}, store {cfg.store}, "
-                  f"{cfg.compute.launcher} launcher ({cfg.compute.emulate} {'spot' if cfg.compute.use_spot else 'on-demand'})")
-    from flows.train_pipeline import train_pipeline
-
-    state = train_pipeline(config=cfg, return_state=True)
-    if not state.is_completed():
-        console.print(f"[red]run {cfg.run_name} {state.name.lower()}:[/] {state.message}", highlight=False, soft_wrap=True)
-        return 1
-    out = state.result()
-    summary = out["summary"] or {}
-    table = Table(title=f"run {cfg.run_name}", show_header=False)
-    table.add_row("preprocessing cache", "hit" if out["cache_hit"] else "miss")
-    if out.get("already_finished"):
-        table.add_row("launch", "skipped: this run already finished with this config (change a train setting to "
-                                "continue it, or use a new run_name to train again)")
-    else:
-        table.add_row("smoke test", f"passed ({out['smoke']['steps']} steps, {out['smoke']['precision_checked']} "
-                                    "autocast)")
-        attempts = out["job"]["attempts"]
-        table.add_row("attempts", f"{len(attempts)} ({out['job']['preemptions']} preemption(s) survived, "
-                                  f"resumed {summary.get('resumes', 0)} time(s))")
-    table.add_row("steps", f"{summary.get('steps')} / {summary.get('total_steps')}"
-                           + (" (stopped early)" if summary.get("stopped_early") else ""))
-    for name, value in (summary.get("final_metrics") or {}).items():
-        table.add_row(name, f"{value:.4f}")
-    table.add_row("cost (emulated)", f"${out['cost_usd']:.5f} spent by earlier jobs of this run"
-                  if out.get("already_finished") else f"${out['cost_usd']:.5f} vs ${out['on_demand_usd']:.5f} on-demand")
-    Console().print(table)
-    return 0
 
 
-def cmd_smoke(args: argparse.Namespace) -> int:
-    """The smoke test alone (no Prefect): preprocess if needed, a few CPU steps, a checkpoint round trip."""
-    import json
+def elsewhere(command: str) -> Handler:
+    module, _, name = ELSEWHERE[command].partition(":")
+    return getattr(importlib.import_module(module), name)
 
-    from training.cli import resolve_config, setup_logging
-    from training.recipes.base import EmptyDataError
-    from training.smoke import SmokeTestFailed, smoke_test
 
-    setup_logging()
-    try:
-        result = smoke_test(resolve_config(args))
-    except (ConfigError, EmptyDataError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except SmokeTestFailed as exc:
-        print(f"smoke test failed: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=2))
-    return 0
+def resolved_config(args: argparse.Namespace) -> RunConfig:
+    return config_from_args(args, dict(os.environ))
+
+
+def config_for_today(args: argparse.Namespace) -> RunConfig:
+    """The config as a run started now trains it: '{date}' in run_name resolved to today (UTC)."""
+    import datetime as dt
+
+    return resolved_config(args).resolved(dt.datetime.now(dt.timezone.utc).date())
+
+
+# ---------------------------------------------------------------- commands that need only the library
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -90,17 +74,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from thrifty import savings
     from thrifty.storage import open_store
-    from training.cli import resolve_config
 
-    try:
-        cfg = resolve_config(args)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    cfg = resolved_config(args)
     rows = savings.table(savings.read_all(open_store(cfg.store)))
     if not rows:
         print(f"no finished runs with a savings report in {cfg.store}", file=sys.stderr)
-        return 0
+        return EXIT_OK
     table = Table(title=f"Savings in {cfg.store}")
     for col in rows[0]:
         table.add_column(col, justify="left" if col in ("run", "saved") else "right", no_wrap=col == "run")
@@ -111,38 +90,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     Console().print(table)
     print(f"{len(rows)} run(s): spent ${total_actual:.4f}, the naive way ${total_naive:.4f}, "
           f"saved ${total_naive - total_actual:.4f}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Print the resolved RunConfig (or its JSON schema) without running anything."""
     import json
 
-    from training.cli import resolve_config
-
     if args.schema:
         print(json.dumps(RunConfig.model_json_schema(), indent=2))
-        return 0
-    try:
-        cfg = resolve_config(args)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    print(cfg.model_dump_json(indent=2))
-    return 0
+        return EXIT_OK
+    print(resolved_config(args).model_dump_json(indent=2))
+    return EXIT_OK
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the SkyPilot task YAML and the estimated cost of its cheapest candidates (offline)."""
     from thrifty.launchers.skypilot import plan_text
-    from training.cli import resolve_config
 
-    try:
-        print(plan_text(resolve_config(args), source=args.source), end="")
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    return 0
+    print(plan_text(config_for_today(args), source=args.source), end="")
+    return EXIT_OK
 
 
 def cmd_prices(args: argparse.Namespace) -> int:
@@ -152,16 +119,8 @@ def cmd_prices(args: argparse.Namespace) -> int:
     try:
         print(prices_text(args.accelerator, args.cloud, args.storage, args.source), end="")
     except PricingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    return 0
-
-
-def cmd_deploy(args: argparse.Namespace) -> int:
-    """Create the work pool and deploy prefect.yaml's deployments to the server at PREFECT_API_URL."""
-    from deployments.deploy import deploy_all
-
-    return deploy_all(args.project_dir, alerts_block=args.alerts_block)
+        raise ConfigError(str(exc)) from None
+    return EXIT_OK
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
@@ -169,48 +128,31 @@ def cmd_archive(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from thrifty import archive
-    from thrifty.storage import StoreError
 
-    console = Console(stderr=True)
-    try:
-        settings = archive.build_settings(
-            {"store": args.store, "older_than_days": args.older_than_days,
-             "active_window_days": args.active_window_days, "tier": args.tier, "as_of": args.as_of},
-            "the command line")
-        action = args.archive_command
-        if action in ("gold", "pin", "unmark"):
-            return _archive_mark(settings, action, args.target)
-        if action == "restore":
-            return _archive_restore(settings, args)
-        if action == "lifecycle":
-            return _archive_lifecycle(settings, args.apply)
-        if args.apply:
-            from flows.archive_stale import archive_stale
-
-            state = archive_stale(store=settings.store, older_than_days=settings.older_than_days,
-                                  active_window_days=settings.active_window_days, tier=settings.tier,
-                                  as_of=settings.as_of, dry_run=False, return_state=True)
-            if not state.is_completed():
-                console.print(f"[red]archive {state.name.lower()}:[/] {state.message}", highlight=False, soft_wrap=True)
-                return 1
-            s = state.result()
-            print(f"moved {s['moved']} objects ({archive.human_bytes(s['bytes_moved'])}) to {s['target_class']}; "
-                  f"{s['left_alone']} left alone, {s['already_cold']} already cold. Report: artifact "
-                  "'thrifty-archive' in Prefect.")
-            return 0
-        with console.status(f"scanning {settings.store}"):
-            store = archive.open_checked(settings, writable=False)
-            plan = archive.scan(store, settings)
-        print(archive.markdown(plan), end="")
-        if plan.to_archive:
-            print("\nNothing was moved (dry run). Run again with --apply to move these objects.")
-        return 0
-    except (ConfigError, StoreError) as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        return EXIT_BAD_INPUT
+    settings = archive.build_settings(
+        {"store": args.store, "older_than_days": args.older_than_days,
+         "active_window_days": args.active_window_days, "tier": args.tier, "as_of": args.as_of},
+        "the command line")
+    action = args.archive_command
+    if action in ("gold", "pin", "unmark"):
+        return _archive_mark(settings, action, args.target)
+    if action == "restore":
+        return _archive_restore(settings, args)
+    if action == "lifecycle":
+        return _archive_lifecycle(settings, args.apply)
+    if args.apply:
+        archive.open_checked(settings, writable=True)  # a missing bucket or a read-only key: said now, not in a flow
+        return elsewhere("archive --apply")(args)
+    with Console(stderr=True).status(f"scanning {settings.store}"):
+        store = archive.open_checked(settings, writable=False)
+        plan = archive.scan(store, settings)
+    print(archive.markdown(plan), end="")
+    if plan.to_archive:
+        print("\nNothing was moved (dry run). Run again with --apply to move these objects.")
+    return EXIT_OK
 
 
-def _archive_mark(settings, action: str, target: str) -> int:
+def _archive_mark(settings: Any, action: str, target: str) -> int:
     from thrifty import archive
 
     store = archive.open_checked(settings)
@@ -229,10 +171,10 @@ def _archive_mark(settings, action: str, target: str) -> int:
     if action != "unmark" and not store.list(prefix):
         print(f"warning: nothing in the store starts with {prefix} yet (a typo?); the mark applies once it does",
               file=sys.stderr)
-    return 0
+    return EXIT_OK
 
 
-def _archive_restore(settings, args: argparse.Namespace) -> int:
+def _archive_restore(settings: Any, args: argparse.Namespace) -> int:
     from collections import Counter
 
     from thrifty import archive
@@ -241,7 +183,7 @@ def _archive_restore(settings, args: argparse.Namespace) -> int:
     statuses = archive.restore_run(store, args.run_id, priority=args.priority, days=args.days)
     if not statuses:
         print(f"run {args.run_id}: nothing is archived; it can resume as it is")
-        return 0
+        return EXIT_OK
     for st in statuses:
         print(f"{st.state:<12} {st.key}" + (f"  (the provider says {st.eta})" if st.state != "done" else ""))
     counts = Counter(st.state for st in statuses)
@@ -250,10 +192,10 @@ def _archive_restore(settings, args: argparse.Namespace) -> int:
     print(f"\nrun {args.run_id}: {counts['done']} object(s) back in the hot tier, {pending} restoring"
           + (f"; the provider says: {', '.join(etas)}. Run this command again after that to finish." if pending
              else "; the run can resume."))
-    return 0
+    return EXIT_OK
 
 
-def _archive_lifecycle(settings, apply: bool) -> int:
+def _archive_lifecycle(settings: Any, apply: bool) -> int:
     import json
 
     from thrifty import archive
@@ -267,20 +209,22 @@ def _archive_lifecycle(settings, apply: bool) -> int:
         print(f"installed on {store.uri} (other rules of the bucket kept)")
     else:
         print("Not installed: run again with --apply to install these rules.")
-    return 0
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- the parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     from thrifty.storage import RESTORE_PRIORITIES
-    from training.cli import add_config_args
 
     parser = argparse.ArgumentParser(prog="thrifty", description="Cheap, safe model training on spot GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    with_config = (
-        ("train", "run the training program here (what a cloud node runs); resumes automatically", cmd_train),
-        ("run", "run the main job: preprocess, smoke test, launch and watch, report (Prefect flow)", cmd_run),
-        ("smoke", "run the CPU smoke test alone (no Prefect, nothing launched)", cmd_smoke),
+    with_config: tuple[tuple[str, str, Handler | str], ...] = (
+        ("train", "run the training program here (what a cloud node runs); resumes automatically", "train"),
+        ("run", "run the main job: preprocess, smoke test, launch and watch, report (Prefect flow)", "run"),
+        ("smoke", "run the CPU smoke test alone (no Prefect, nothing launched)", "smoke"),
         ("report", "print the cross-run savings table of the config's store", cmd_report),
         ("config", "print the resolved RunConfig", cmd_config),
     )
@@ -333,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--project-dir", default=".", help="the directory holding prefect.yaml (default: the current one)")
     p.add_argument("--alerts-block", default=None, metavar="TYPE/NAME",
                    help="notification block for failure alerts (default: custom-webhook/thrifty-alerts, if it exists)")
-    p.set_defaults(func=cmd_deploy)
+    p.set_defaults(func="deploy")
     return parser
 
 
@@ -354,13 +298,12 @@ def _archive_options(p: argparse.ArgumentParser, top: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
     # the temporary Prefect server `run` and `archive --apply` start should not phone home (and log an ERROR
     # offline); set PREFECT_SERVER_ANALYTICS_ENABLED=true to allow it
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    func = args.func
+    return guarded(elsewhere(func) if isinstance(func, str) else func, args)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """RunConfig: the one contract between the CLI, the flow parameter, a cloud node and every checkpoint.
 
-Frozen, ``extra="forbid"``, every field documented with its unit. Load it with
-:func:`load_config` (YAML or JSON plus ``section.key=value`` overrides); bad input raises
-:class:`ConfigError` whose message names the field and says what to change.
+Frozen, ``extra="forbid"``, every field documented with its unit. :func:`resolve_config` is how
+every command finds it (a YAML or JSON file, else ``$THRIFTY_RUN_CONFIG`` on a node, else the
+defaults; then ``section.key=value`` overrides); bad input raises :class:`ConfigError` whose
+message names the field and says what to change.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import hashlib
 import json
@@ -91,6 +93,19 @@ class TrainConfig(_Frozen):
         if isinstance(v, int) and v < 1:
             raise ValueError("checkpoint_every must be a positive number of steps or 'auto'")
         return v
+
+    def examples_per_step(self, world: int) -> int:
+        """Examples in one optimizer step across ``world`` processes."""
+        return self.micro_batch * self.grad_accum_steps * world
+
+    def steps_per_epoch(self, n_train: int, world: int) -> int:
+        """Optimizer steps in one pass over ``n_train`` examples (a last partial step is dropped)."""
+        return n_train // self.examples_per_step(world)
+
+    def total_steps(self, n_train: int, world: int) -> int:
+        """Optimizer steps the run takes if it never stops early: the one rule the gate and the loop share."""
+        total = self.max_epochs * self.steps_per_epoch(n_train, world)
+        return min(total, self.max_steps) if self.max_steps is not None else total
 
 
 class ComputeConfig(_Frozen):
@@ -233,11 +248,30 @@ class RunConfig(_Frozen):
         store_scheme(v)
         return v
 
-    def for_date(self, when: dt.date) -> "RunConfig":
-        """This config with '{date}' in run_name replaced by ``when`` (YYYYMMDD)."""
+    @field_validator("run_name")
+    @classmethod
+    def _dated_name_fits(cls, v: str) -> str:
+        if len(_dated(v, dt.date.today())) > 63:
+            raise ValueError(f"run_name {v!r} is {len(_dated(v, dt.date.today()))} characters once '{{date}}' becomes "
+                             "YYYYMMDD; the limit is 63, shorten it")
+        return v
+
+    def resolved(self, when: dt.date) -> "RunConfig":
+        """This config with '{date}' in run_name replaced by ``when`` (YYYYMMDD), validated again like any input."""
         if "{date}" not in self.run_name:
             return self
-        return self.model_copy(update={"run_name": self.run_name.replace("{date}", when.strftime("%Y%m%d"))})
+        return self.updated({"run_name": _dated(self.run_name, when)}, "run_name with its '{date}' resolved")
+
+    def updated(self, changes: dict[str, Any], source: str = "an update") -> "RunConfig":
+        """A copy with top-level ``changes``, validated (never ``model_copy``, which skips validation)."""
+        return build_config({**self.model_dump(mode="json"), **changes}, source)
+
+    def require_resolved(self) -> "RunConfig":
+        """Raise unless '{date}' was resolved: a node must train under the name its launcher resolved and priced."""
+        if "{date}" in self.run_name:
+            raise ConfigError(f"'run_name': {self.run_name!r} still holds '{{date}}'; the flow (or `thrifty train`) "
+                              "resolves it before training starts, so this config did not come from one of them")
+        return self
 
     def to_env_json(self) -> str:
         """The config as compact JSON, for the environment of a training node."""
@@ -248,6 +282,10 @@ class RunConfig(_Frozen):
         with the same fingerprint has nothing left to train, whatever its budget or compute settings."""
         what = {"recipe": self.recipe, "recipe_params": self.recipe_params, "train": self.train.model_dump(mode="json")}
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _dated(run_name: str, when: dt.date) -> str:
+    return run_name.replace("{date}", when.strftime("%Y%m%d"))
 
 
 # ---------------------------------------------------------------- loading
@@ -340,3 +378,27 @@ def config_from_env(environ: dict[str, str]) -> RunConfig | None:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"${ENV_VAR} is not valid JSON: {exc}") from exc
     return build_config(data, source=f"${ENV_VAR}")
+
+
+def resolve_config(path: str | Path | None, overrides: list[str], environ: dict[str, str]) -> RunConfig:
+    """What every command trains: the file given, else ``$THRIFTY_RUN_CONFIG`` (a node), else the defaults;
+    then the ``section.key=value`` overrides, validated together."""
+    if path:
+        return load_config(path, overrides)
+    from_env = config_from_env(environ)
+    if from_env is None:
+        return load_config(None, overrides)
+    if not overrides:
+        return from_env
+    return build_config(apply_overrides(from_env.model_dump(mode="json"), overrides), f"${ENV_VAR} with overrides")
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE`` and repeatable ``--set section.key=value``: how every command takes a RunConfig."""
+    parser.add_argument("--config", "-c", help=f"RunConfig file (YAML or JSON); default: ${ENV_VAR} or defaults")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one setting, e.g. --set train.lr=3e-4 (repeatable)")
+
+
+def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> RunConfig:
+    return resolve_config(args.config, args.overrides, environ)

@@ -11,7 +11,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from thrifty.storage import NotFound, Store, join_key
+from pydantic import BaseModel, ConfigDict, Field
+
+from thrifty.storage import NotFound, Store, StoreError, join_key
 
 
 @dataclass
@@ -43,21 +45,74 @@ class Attempt:
         return asdict(self)
 
 
+class BestMetric(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    value: float | None
+    step: int | None
+    checkpoint_step: int | None
+
+
+class RunSummary(BaseModel):
+    """``runs/<run_id>/summary.json``: written by the training program when a run finishes.
+
+    Recipes add fields of their own (``Recipe.summary_fields``), kept as extras.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    run_id: str
+    recipe: str
+    status: str  # completed | stopped_early
+    steps: int
+    total_steps: int
+    epochs: float
+    stopped_early: bool
+    best_metric: BestMetric
+    final_metrics: dict[str, float] = Field(default_factory=dict)
+    wall_time_s: float
+    data_wait_fraction: float
+    checkpoint_time_fraction: float
+    checkpoints_written: int
+    resumes: int
+    precision: str
+    device: str
+    world_size: int
+    cache_key: str
+    training_fingerprint: str | None = None  # absent in summaries written before it existed
+    weights_sha256: str
+
+
 def run_key(run_id: str, *parts: str) -> str:
     return join_key("runs", run_id, *parts)
 
 
-def read_summary(store: Store, run_id: str) -> dict[str, Any] | None:
+def read_summary(store: Store, run_id: str) -> RunSummary | None:
     try:
-        return json.loads(store.get_bytes(run_key(run_id, "summary.json")))
+        return RunSummary.model_validate_json(store.get_bytes(run_key(run_id, "summary.json")))
     except NotFound:
         return None
 
 
-def finished_summary(store: Store, run_id: str, training_fingerprint: str) -> dict[str, Any] | None:
+def summary_best_step(store: Store, run_id: str) -> int | None:
+    """The best checkpoint's step as the summary names it, read leniently (summaries of any age, or damaged: None).
+    The archiver keeps it hot whatever else the summary holds."""
+    try:
+        best = json.loads(store.get_bytes(run_key(run_id, "summary.json"))).get("best_metric") or {}
+        return int(best["checkpoint_step"]) if best.get("checkpoint_step") is not None else None
+    except (NotFound, StoreError, ValueError, TypeError, AttributeError, KeyError):
+        return None
+
+
+def write_summary(store: Store, summary: RunSummary) -> None:
+    store.put_bytes(run_key(summary.run_id, "summary.json"), summary.model_dump_json(indent=2).encode())
+
+
+def finished_summary(store: Store, run_id: str, training_fingerprint: str) -> RunSummary | None:
     """The run's summary if it already finished training with this fingerprint (nothing left to train), else None."""
     summary = read_summary(store, run_id)
-    if summary is not None and summary.get("training_fingerprint") == training_fingerprint:
+    if summary is not None and summary.training_fingerprint == training_fingerprint:
         return summary
     return None
 

@@ -8,7 +8,6 @@ and everything else that moves lives in the checkpoint.
 from __future__ import annotations
 
 import collections
-import datetime as dt
 import contextlib
 import json
 import logging
@@ -26,7 +25,7 @@ import torch
 
 from thrifty.config import ConfigError, RunConfig
 from thrifty.faults import fault_point
-from thrifty.runs import run_key
+from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
 from training.checkpoint import CheckpointManager, daly_interval_s
 from training.data import Split, ensure_shards, epoch_permutation, load_split
@@ -69,7 +68,7 @@ class LoopState:
 @dataclass
 class TrainResult:
     status: str  # completed | stopped_early | interrupted
-    summary: dict[str, Any] | None
+    summary: RunSummary | None
     step: int
 
 
@@ -198,10 +197,9 @@ def _check_compatible(cfg: RunConfig, saved_cfg: dict[str, Any], run_id: str) ->
         log.warning("resuming run %r with changed settings in %s (allowed: the model still loads)", run_id, ", ".join(changed))
 
 
-def train(cfg: RunConfig, run_id: str | None = None) -> TrainResult:
+def train(cfg: RunConfig) -> TrainResult:
     """Run (or resume) training for ``cfg`` until it completes, stops early, or is told to stop."""
-    cfg = cfg.for_date(dt.datetime.now(dt.timezone.utc).date())  # flows resolve '{date}' before this
-    run_id = run_id or os.environ.get("THRIFTY_RUN_ID") or cfg.run_name
+    run_id = cfg.require_resolved().run_name  # the flow (or `thrifty train`) resolved '{date}' and priced this name
     dist = Dist.from_env()
     tc = cfg.train
     recipe = resolve_recipe(cfg.recipe)
@@ -225,16 +223,14 @@ def train(cfg: RunConfig, run_id: str | None = None) -> TrainResult:
         cache = ensure_shards(store, recipe, params)
     train_split = load_split(store, cache.manifest, "train")
     val_split = load_split(store, cache.manifest, "val")
-    global_batch = tc.micro_batch * tc.grad_accum_steps * dist.world
-    steps_per_epoch = train_split.n // global_batch
+    global_batch = tc.examples_per_step(dist.world)
+    steps_per_epoch = tc.steps_per_epoch(train_split.n, dist.world)
     if steps_per_epoch == 0:
         raise ConfigError(
             f"'train.micro_batch': one optimizer step needs {global_batch} examples (micro_batch x grad_accum_steps "
             f"x processes) but the training split has {train_split.n}. Lower train.micro_batch or grad_accum_steps."
         )
-    total_steps = tc.max_epochs * steps_per_epoch
-    if tc.max_steps is not None:
-        total_steps = min(total_steps, tc.max_steps)
+    total_steps = tc.total_steps(train_split.n, dist.world)
 
     # ---- model, optimizer, schedule, scaler, early stopping
     seed_everything(tc.seed)
@@ -388,33 +384,33 @@ def train(cfg: RunConfig, run_id: str | None = None) -> TrainResult:
     summary = None
     if dist.is_main:
         best_ckpt = ckpts.best(ckpts.committed())
-        summary = {
-            "run_id": run_id,
-            "recipe": recipe.name,
-            "status": "stopped_early" if stopper.stopped else "completed",
-            "steps": state.step,
-            "total_steps": total_steps,
-            "epochs": round(state.step / steps_per_epoch, 3),
-            "stopped_early": stopper.stopped,
-            "best_metric": {"name": es_cfg.metric, "value": stopper.best, "step": stopper.best_step,
-                            "checkpoint_step": best_ckpt.step if best_ckpt else None},
-            "final_metrics": state.last_eval,
-            "wall_time_s": round(wall, 3),
-            "data_wait_fraction": round(state.data_wait_s / wall, 5) if wall else 0.0,
-            "checkpoint_time_fraction": round(state.checkpoint_time_s / wall, 5) if wall else 0.0,
-            "checkpoints_written": state.checkpoints_written,
-            "resumes": state.resumes,
-            "precision": precision_name(amp),
-            "device": device.type,
-            "world_size": dist.world,
-            "cache_key": cache.key,
-            "training_fingerprint": cfg.training_fingerprint(),
-            "weights_sha256": weights_sha256(model.state_dict()),
+        summary = RunSummary(
+            run_id=run_id,
+            recipe=recipe.name,
+            status="stopped_early" if stopper.stopped else "completed",
+            steps=state.step,
+            total_steps=total_steps,
+            epochs=round(state.step / steps_per_epoch, 3),
+            stopped_early=stopper.stopped,
+            best_metric=BestMetric(name=es_cfg.metric, value=stopper.best, step=stopper.best_step,
+                                   checkpoint_step=best_ckpt.step if best_ckpt else None),
+            final_metrics=state.last_eval,
+            wall_time_s=round(wall, 3),
+            data_wait_fraction=round(state.data_wait_s / wall, 5) if wall else 0.0,
+            checkpoint_time_fraction=round(state.checkpoint_time_s / wall, 5) if wall else 0.0,
+            checkpoints_written=state.checkpoints_written,
+            resumes=state.resumes,
+            precision=precision_name(amp),
+            device=device.type,
+            world_size=dist.world,
+            cache_key=cache.key,
+            training_fingerprint=cfg.training_fingerprint(),
+            weights_sha256=weights_sha256(model.state_dict()),
             **recipe.summary_fields(cache.manifest["meta"]),
-        }
-        store.put_bytes(run_key(run_id, "summary.json"), json.dumps(summary, indent=2).encode())
-        emit({"event": "end", **{k: summary[k] for k in ("status", "steps", "weights_sha256")}})
+        )
+        write_summary(store, summary)
+        emit({"event": "end", "status": summary.status, "steps": summary.steps, "weights_sha256": summary.weights_sha256})
         metrics.close()
     dist.barrier()
     dist.close()
-    return TrainResult(summary["status"] if summary else "completed", summary, state.step)
+    return TrainResult(summary.status if summary else "completed", summary, state.step)

@@ -10,12 +10,11 @@ from __future__ import annotations
 import math
 import tempfile
 import time
-from typing import Any
-
 import numpy as np
 import torch
 
 from thrifty.config import RunConfig
+from thrifty.results import SmokeResult
 from thrifty.storage import FileStore, open_store
 from training.checkpoint import CheckpointManager
 from training.data import ensure_shards, load_split
@@ -28,7 +27,7 @@ class SmokeTestFailed(RuntimeError):
     """The recipe cannot train as configured; nothing should be launched."""
 
 
-def smoke_test(cfg: RunConfig, steps: int = 3) -> dict[str, Any]:
+def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:
     """Run ``steps`` optimizer steps of the real model on CPU and a checkpoint round trip; return what was measured."""
     recipe = resolve_recipe(cfg.recipe)
     params = recipe.parse_params(cfg.recipe_params)
@@ -86,14 +85,13 @@ def smoke_test(cfg: RunConfig, steps: int = 3) -> dict[str, Any]:
         raise
     except Exception as exc:  # the recipe's own bug: say where it happened
         raise SmokeTestFailed(f"recipe {recipe.name!r} failed during {stage}: {type(exc).__name__}: {exc}") from exc
-    return {
-        "ok": True,
-        "recipe": recipe.name,
-        "steps": steps,
-        "losses": [round(x, 6) for x in losses],
-        "cpu_step_time_s": round(step_time_s, 5),
-        "examples_per_step": per_micro * tc.grad_accum_steps,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "precision_checked": precision_name(amp),
-        "cache_key": cache.key,
-    }
+    return SmokeResult(
+        recipe=recipe.name,
+        steps=steps,
+        losses=[round(x, 6) for x in losses],
+        cpu_step_time_s=round(step_time_s, 5),
+        examples_per_step=per_micro * tc.grad_accum_steps,
+        parameters=sum(p.numel() for p in model.parameters()),
+        precision_checked=precision_name(amp),
+        cache_key=cache.key,
+    )

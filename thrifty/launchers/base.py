@@ -43,7 +43,7 @@ class JobStatus:
 
 
 class Launcher(Protocol):
-    def submit(self, cfg: RunConfig, run_id: str) -> str: ...
+    def submit(self, cfg: RunConfig) -> str: ...
     def status(self, job_id: str) -> JobStatus: ...
     def cancel(self, job_id: str) -> None:
         """Graceful: the job gets SIGTERM, checkpoints, and exits."""
@@ -51,6 +51,8 @@ class Launcher(Protocol):
     def attempts(self, job_id: str) -> list[Attempt]: ...
 
 
-def node_env(cfg: RunConfig, run_id: str) -> dict[str, str]:
-    """The environment every training node gets: the RunConfig and the run id it resumes under."""
-    return {ENV_VAR: cfg.to_env_json(), "THRIFTY_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
+def node_env(cfg: RunConfig) -> dict[str, str]:
+    """The environment every training node gets: the RunConfig (its run_name, resolved, is the resume key).
+    ``THRIFTY_RUN_ID`` repeats the name for shell scripts and logs; the program reads the config's."""
+    cfg.require_resolved()
+    return {ENV_VAR: cfg.to_env_json(), "THRIFTY_RUN_ID": cfg.run_name, "PYTHONUNBUFFERED": "1"}

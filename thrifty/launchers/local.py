@@ -33,8 +33,8 @@ POLL_S = 0.1
 
 
 class _Job:
-    def __init__(self, job_id: str, cfg: RunConfig, run_id: str, log_dir: Path):
-        self.job_id, self.cfg, self.run_id, self.log_dir = job_id, cfg, run_id, log_dir
+    def __init__(self, job_id: str, cfg: RunConfig, log_dir: Path):
+        self.job_id, self.cfg, self.log_dir = job_id, cfg, log_dir
         self.state = JobState.PENDING
         self.attempts: list[Attempt] = []
         self.message = ""
@@ -75,7 +75,7 @@ class _Job:
         log_path = self.log_dir / f"attempt-{attempt.number}.log"
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "training"], env={**os.environ, **node_env(self.cfg, self.run_id)},
+                [sys.executable, "-m", "training"], env={**os.environ, **node_env(self.cfg)},
                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,  # its own process group
             )
         self._set(JobState.RUNNING, f"attempt {attempt.number} running (pid {proc.pid}, log {log_path})")
@@ -105,7 +105,7 @@ class _Job:
         if c.preempt_after_s is not None and time.time() - attempt.started_unix >= c.preempt_after_s:
             return True
         if c.preempt_after_steps is not None:
-            progress = latest_progress(read_metrics(open_store(self.cfg.store), self.run_id, attempt.started_unix))
+            progress = latest_progress(read_metrics(open_store(self.cfg.store), self.cfg.run_name, attempt.started_unix))
             return progress.get("step", 0) >= c.preempt_after_steps
         return False
 
@@ -144,12 +144,12 @@ class LocalLauncher:
     def __init__(self, cfg: RunConfig | None = None) -> None:
         self._jobs: dict[str, _Job] = {}
 
-    def submit(self, cfg: RunConfig, run_id: str) -> str:
+    def submit(self, cfg: RunConfig) -> str:
         quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)  # an unknown instance fails here, not mid-job
-        job_id = f"local-{run_id}-{uuid.uuid4().hex[:8]}"
+        job_id = f"local-{cfg.run_name}-{uuid.uuid4().hex[:8]}"
         # attempt logs beside the run in a local store (runs/<id>/logs/<job>/), else in the temp directory
-        log_dir = open_store(cfg.store).local_path(run_key(run_id, "logs", job_id))
-        job = _Job(job_id, cfg, run_id, log_dir or Path(tempfile.gettempdir()) / "thrifty-logs" / job_id)
+        log_dir = open_store(cfg.store).local_path(run_key(cfg.run_name, "logs", job_id))
+        job = _Job(job_id, cfg, log_dir or Path(tempfile.gettempdir()) / "thrifty-logs" / job_id)
         self._jobs[job_id] = job
         job.thread.start()
         return job_id

@@ -272,13 +272,13 @@ def _run_finished() -> bool | None:
     """Whether this node's run wrote ``summary.json``; None when the node has no run config to look with."""
     try:
         from thrifty.config import config_from_env
-        from thrifty.runs import read_summary
+        from thrifty.runs import run_key
         from thrifty.storage import open_store
 
         cfg = config_from_env(dict(os.environ))
         if cfg is None:
             return None
-        return read_summary(open_store(cfg.store), os.environ.get("THRIFTY_RUN_ID") or cfg.run_name) is not None
+        return open_store(cfg.store).exists(run_key(cfg.run_name, "summary.json"))
     except Exception as exc:  # an unreadable store: trust the program's exit code
         log.warning("could not read the run summary: %s", exc)
         return None
@@ -295,7 +295,7 @@ def _stop_request_probe() -> StopRequestProbe | None:
         cfg = config_from_env(dict(os.environ))
         if cfg is None:
             return None
-        return StopRequestProbe(open_store(cfg.store), os.environ.get("THRIFTY_RUN_ID") or cfg.run_name, job)
+        return StopRequestProbe(open_store(cfg.store), cfg.run_name, job)
     except Exception as exc:
         log.warning("stop requests will not be seen (no store): %s", exc)
         return None

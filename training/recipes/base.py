@@ -25,8 +25,8 @@ class RecipeParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class EmptyDataError(ValueError):
-    """Preprocessing produced no examples for a split."""
+class EmptyDataError(ConfigError):
+    """Preprocessing produced no examples for a split (the recipe's options or its raw data need a change)."""
 
 
 @dataclass

@@ -38,11 +38,11 @@ class SkyPilotLauncher:
         self._nodes: dict[str, int] = {}
 
     # ------------------------------------------------------------ submit
-    def submit(self, cfg: RunConfig, run_id: str) -> str:
+    def submit(self, cfg: RunConfig) -> str:
         import sky
 
         self.cfg = cfg
-        config = task_config(cfg, run_id)
+        config = task_config(cfg)
         workdir = Path(cfg.compute.workdir).resolve()
         if not (workdir / "pyproject.toml").is_file():
             raise ConfigError(f"'compute.workdir': {str(workdir)!r} has no pyproject.toml; point it at the thrifty "

@@ -141,10 +141,9 @@ exec python -m thrifty.launchers.notice --signal-children -- \\
 """
 
 
-def task_config(cfg: RunConfig, run_id: str | None = None, source: str = "auto") -> dict[str, Any]:
+def task_config(cfg: RunConfig, source: str = "auto") -> dict[str, Any]:
     """The SkyPilot task YAML (as a dict) for ``cfg``; what ``thrifty plan`` prints and ``submit`` launches."""
     c = cfg.compute
-    run_id = run_id or cfg.run_name
     cands, _ = candidates(cfg, source)
     if not cands:
         raise ConfigError(f"'compute.accelerators': none of {c.accelerators} has a known price on {c.clouds}; "
@@ -153,7 +152,7 @@ def task_config(cfg: RunConfig, run_id: str | None = None, source: str = "auto")
     file_mounts: dict[str, Any] = {}
     if c.store_access == "mount_cached":
         file_mounts[STORE_MOUNT] = {"source": store_mount_source(cfg.store), "mode": "MOUNT_CACHED"}
-        node_cfg = cfg.model_copy(update={"store": STORE_MOUNT})
+        node_cfg = cfg.updated({"store": STORE_MOUNT}, "the store as mounted on the node")
     mixed = len({k.spot for k in cands}) > 1
     resources: dict[str, Any] = {}
     if not mixed:
@@ -181,7 +180,7 @@ def task_config(cfg: RunConfig, run_id: str | None = None, source: str = "auto")
         "workdir": c.workdir,
         "num_nodes": c.num_nodes,
         "resources": resources,
-        "envs": node_env(node_cfg, run_id),
+        "envs": node_env(node_cfg),
         "setup": SETUP,
         "run": RUN_MULTI if c.num_nodes > 1 else RUN_SINGLE,
     }

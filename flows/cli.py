@@ -1,0 +1,65 @@
+"""The Prefect commands of ``thrifty``: ``run`` (the train pipeline) and ``archive --apply`` (the archival flow)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from thrifty.cli import config_for_today
+from thrifty.preflight import check_before_spending
+from thrifty.protocol import EXIT_FAILED, EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """The main job: the Prefect flow preprocess -> smoke -> launch and watch -> report."""
+    console = Console(stderr=True)
+    cfg = config_for_today(args)
+    check_before_spending(cfg)
+    console.print(f"[bold]thrifty run[/] {cfg.run_name}: recipe {cfg.recipe}, store {cfg.store}, "
+                  f"{cfg.compute.launcher} launcher ({cfg.compute.emulate} {'spot' if cfg.compute.use_spot else 'on-demand'})")
+    from flows.train_pipeline import train_pipeline
+
+    state = train_pipeline(config=cfg, return_state=True)
+    if not state.is_completed():
+        console.print(f"[red]run {cfg.run_name} {state.name.lower()}:[/] {state.message}", highlight=False, soft_wrap=True)
+        return EXIT_FAILED
+    out = state.result()
+    summary = out.summary
+    table = Table(title=f"run {out.run_name}", show_header=False)
+    table.add_row("preprocessing cache", "hit" if out.cache_hit else "miss")
+    if out.already_finished:
+        table.add_row("launch", "skipped: this run already finished with this config (change a train setting to "
+                                "continue it, or use a new run_name to train again)")
+    else:
+        table.add_row("smoke test", f"passed ({out.smoke.steps} steps, {out.smoke.precision_checked} autocast)")
+        table.add_row("attempts", f"{len(out.job.attempts)} ({out.job.preemptions} preemption(s) survived, "
+                                  f"resumed {summary.resumes if summary else 0} time(s))")
+    if summary is not None:
+        table.add_row("steps", f"{summary.steps} / {summary.total_steps}" + (" (stopped early)" if summary.stopped_early else ""))
+        for name, value in summary.final_metrics.items():
+            table.add_row(name, f"{value:.4f}")
+    table.add_row("cost (emulated)", f"${out.cost_usd:.5f} spent by earlier jobs of this run"
+                  if out.already_finished else f"${out.cost_usd:.5f} vs ${out.on_demand_usd:.5f} on-demand")
+    Console().print(table)
+    return EXIT_OK
+
+
+def cmd_archive_apply(args: argparse.Namespace) -> int:
+    """``thrifty archive --apply``: the thrifty-archive flow, which moves the stale objects and publishes the report."""
+    from flows.archive_stale import archive_stale
+    from thrifty.archive import human_bytes
+
+    state = archive_stale(store=args.store, older_than_days=args.older_than_days,
+                          active_window_days=args.active_window_days, tier=args.tier, as_of=args.as_of,
+                          dry_run=False, return_state=True)
+    if not state.is_completed():
+        Console(stderr=True).print(f"[red]archive {state.name.lower()}:[/] {state.message}", highlight=False,
+                                   soft_wrap=True)
+        return EXIT_FAILED
+    s = state.result()
+    print(f"moved {s['moved']} objects ({human_bytes(s['bytes_moved'])}) to {s['target_class']}; "
+          f"{s['left_alone']} left alone, {s['already_cold']} already cold. Report: artifact "
+          "'thrifty-archive' in Prefect.")
+    return EXIT_OK

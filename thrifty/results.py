@@ -1,0 +1,70 @@
+"""What the pipeline's steps hand each other: small frozen models instead of dicts with string keys.
+
+``PrepResult`` (preprocess) -> ``SmokeResult`` (smoke test) -> ``Estimate`` (budget gate, in
+``thrifty.budget``) -> ``JobOutcome`` (launch and watch) -> ``PipelineResult`` (the flow's return,
+which ``thrifty run`` prints).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from thrifty.budget import Estimate
+from thrifty.runs import Attempt, RunSummary
+from thrifty.savings import SavingsReport
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PrepResult(_Result):
+    """The preprocessing cache entry a run trains on."""
+
+    key: str
+    hit: bool  # the shards were already in the store (or Prefect's cache said so)
+    seconds: float  # this call's time
+    cold_seconds: float  # what preprocessing costs without the cache
+    examples: dict[str, int]  # examples per split
+    bytes: int  # shard bytes in the store
+
+
+class SmokeResult(_Result):
+    """What the CPU smoke test measured."""
+
+    recipe: str
+    steps: int
+    losses: list[float]
+    cpu_step_time_s: float
+    examples_per_step: int
+    parameters: int
+    precision_checked: str
+    cache_key: str
+
+
+class JobOutcome(_Result):
+    """How one launched job ended, with the ledger rows of its attempts."""
+
+    job_id: str
+    state: str  # the launcher's final JobState
+    attempts: list[Attempt]
+    summary: RunSummary | None = None
+
+    @property
+    def preemptions(self) -> int:
+        return sum(1 for a in self.attempts if a.end_reason == "preempted")
+
+
+class PipelineResult(_Result):
+    """The train flow's return value."""
+
+    run_name: str
+    cache_hit: bool
+    already_finished: bool = False  # nothing launched: the run had finished with this config
+    smoke: SmokeResult | None = None
+    estimate: Estimate | None = None
+    job: JobOutcome | None = None
+    summary: RunSummary | None = None
+    cost_usd: float  # every job of the run
+    on_demand_usd: float | None = None
+    savings: SavingsReport | None = None
