@@ -4,6 +4,10 @@ moto's ThreadedMotoServer (S3) and gcp-storage-emulator (GCS) run in threads of 
 Azurite (Azure Blob) runs as a node subprocess from ``.ci/node_modules`` (``npm ci --prefix .ci``,
 done here when missing). tests/conftest.py registers the fixtures once for the session. Nothing may reach
 the internet or a cloud metadata address: every env below carries dummy credentials.
+
+Where a stand-in falls short of its service in something the stores rely on, a small patch (marked STAND-IN PATCH)
+makes it behave as the service does: moto's conditional writes made atomic; the GCS emulator's rewrite keeping the
+storage class asked for, its ifGenerationMatch preconditions and its x-goog-generation download header.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -124,10 +129,27 @@ class AzureStandIn:
         return BlobServiceClient.from_connection_string(self.connection_string())
 
 
+def _one_at_a_time(real, lock: threading.Lock):
+    """STAND-IN PATCH (moto): moto honours If-None-Match and If-Match on PutObject and DeleteObject, but checks the
+    condition and then writes without a lock, and its server answers requests in threads: run these one at a time,
+    so a conditional write is atomic as on S3 and races between them are decided as S3 decides them."""
+
+    def method(self, *args, **kwargs):
+        with lock:
+            return real(self, *args, **kwargs)
+
+    return method
+
+
 @pytest.fixture(scope="session")
 def s3_standin():
+    from moto.s3.responses import S3Response
     from moto.server import ThreadedMotoServer
 
+    originals = {name: getattr(S3Response, name) for name in ("put_object", "delete_object")}
+    lock = threading.Lock()
+    for name, real in originals.items():
+        setattr(S3Response, name, _one_at_a_time(real, lock))
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -135,6 +157,8 @@ def s3_standin():
         yield S3StandIn(f"http://{host}:{port}")
     finally:
         server.stop()
+        for name, real in originals.items():
+            setattr(S3Response, name, real)
 
 
 def _rewrite_honouring_storage_class(real):
@@ -152,16 +176,90 @@ def _rewrite_honouring_storage_class(real):
     return rewrite
 
 
+# STAND-IN PATCH (gcp-storage-emulator): it ignores ifGenerationMatch, and its downloads carry no x-goog-generation
+# header (GCS sends both). The three wrappers below add them, so conditional writes (Store.put_bytes_if, delete_if,
+# get_bytes_versioned) behave as on GCS. Its server answers one request at a time, so check-then-write is atomic.
+# A resumable upload's precondition is checked when the upload starts (GCS checks it when the upload completes).
+
+_GCS_PRECONDITION_FAILED = {"error": {"code": 412, "message": "At least one of the pre-conditions you specified "
+                                      "did not hold.", "errors": [{"domain": "global", "reason": "conditionNotMet",
+                                                                   "message": "Precondition Failed"}]}}
+
+
+def _gcs_generation(storage, bucket: str, name: str | None) -> str:
+    from gcp_storage_emulator.exceptions import NotFound
+
+    try:
+        return str(storage.get_file_obj(bucket, name)["generation"]) if name else "0"
+    except NotFound:
+        return "0"  # what ifGenerationMatch=0 stands for: no live object
+
+
+def _gcs_precondition_holds(request, response, storage, name: str | None) -> bool:
+    wanted = request.query.get("ifGenerationMatch")
+    if wanted and _gcs_generation(storage, request.params["bucket_name"], name) != wanted[0]:
+        response.status = HTTPStatus.PRECONDITION_FAILED
+        response.json(_GCS_PRECONDITION_FAILED)
+        return False
+    return True
+
+
+def _upload_honouring_generation_match(real):
+    def insert(request, response, storage, *args, **kwargs):
+        data = request.data if isinstance(request.data, dict) else {}
+        name = request.query["name"][0] if "name" in request.query else (data.get("meta") or data).get("name")
+        if _gcs_precondition_holds(request, response, storage, name):
+            real(request, response, storage, *args, **kwargs)
+
+    return insert
+
+
+def _delete_honouring_generation_match(real):
+    def delete(request, response, storage, *args, **kwargs):
+        name = request.params["object_id"]
+        if _gcs_generation(storage, request.params["bucket_name"], name) == "0":
+            response.status = HTTPStatus.NOT_FOUND  # GCS: 404 for a missing object, whatever the precondition
+        elif _gcs_precondition_holds(request, response, storage, name):
+            real(request, response, storage, *args, **kwargs)
+
+    return delete
+
+
+def _download_with_generation(real):
+    def download(request, response, storage, *args, **kwargs):
+        real(request, response, storage, *args, **kwargs)
+        if response.status in (HTTPStatus.OK, HTTPStatus.PARTIAL_CONTENT):
+            obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+            response["x-goog-generation"] = str(obj["generation"])
+            response["x-goog-metageneration"] = str(obj["metageneration"])
+
+    return download
+
+
 @pytest.fixture(scope="session")
 def gcs_standin():
     from gcp_storage_emulator import server as emulator
+    from gcp_storage_emulator.handlers import objects
 
-    routes = [handlers for regex, handlers in emulator.HANDLERS if regex.endswith("/rewriteTo/b/"
-              r"(?P<dest_bucket_name>[-.\w]+)/o/(?P<dest_object_id>.*[^/]+)$")]
-    assert routes, "gcp-storage-emulator's rewrite route moved: update the storage-class patch here"
-    originals = [handlers[emulator.POST] for handlers in routes]
-    for handlers, real in zip(routes, originals, strict=True):
-        handlers[emulator.POST] = _rewrite_honouring_storage_class(real)
+    patches = {  # handler -> its wrapper: every route that serves it gets the wrapper
+        (emulator.POST, objects.rewrite): _rewrite_honouring_storage_class,
+        (emulator.POST, objects.insert): _upload_honouring_generation_match,
+        (emulator.DELETE, objects.delete): _delete_honouring_generation_match,
+        (emulator.GET, objects.download): _download_with_generation,
+    }
+    replaced = []  # (handlers dict, method, original)
+    for _, handlers in emulator.HANDLERS:
+        for method, real in list(handlers.items()):
+            if (method, real) in patches:
+                replaced.append((handlers, method, real))
+                handlers[method] = patches[method, real](real)
+    patched = {(method, real) for _, method, real in replaced}
+    assert patched == set(patches), f"gcp-storage-emulator's routes moved: update the patches here ({patched})"
+    # objects.get serves ?alt=media downloads by calling the module's download; the Router's own fallback for
+    # uploads posted without the /upload prefix calls the module's insert
+    real_download, real_insert = objects.download, objects.insert
+    objects.download, objects.insert = _download_with_generation(real_download), \
+        _upload_honouring_generation_match(real_insert)
     server = emulator.create_server("127.0.0.1", 0, in_memory=True)
     server.start()
     host, port = server._api._httpd.server_address[:2]  # port 0: the kernel picked one
@@ -169,8 +267,9 @@ def gcs_standin():
         yield GCSStandIn(f"{host}:{port}", server)
     finally:
         server.stop()
-        for handlers, real in zip(routes, originals, strict=True):
-            handlers[emulator.POST] = real
+        objects.download, objects.insert = real_download, real_insert
+        for handlers, method, real in replaced:
+            handlers[method] = real
 
 
 def azurite_bin() -> Path:

@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ import pytest
 from stores import AZURITE_ACCOUNT, AZURITE_KEY, REPO, apply_env, child_env, isolated_env, unique
 from thrifty.config import ConfigError, RunConfig
 from thrifty.preflight import check_before_spending
-from thrifty.storage import Archived, NotFound, StoreError, check_store, open_store
+from thrifty.storage import Archived, Conflict, NotFound, StoreError, check_store, open_store
 
 pytestmark = pytest.mark.slow
 
@@ -115,6 +117,93 @@ class TestStoreContract:
         assert backend.raw_names() == []
         if backend.name == "file":
             assert not Path(store.uri.removeprefix("file://")).exists(), "the check created the store's directory"
+
+
+# ---------------------------------------------------------------------------------------- conditional writes
+
+
+LEASE = "runs/r1/lease.json"
+RACERS = 8
+
+
+def race(uri: str, attempt) -> list:
+    """Run ``attempt(store, i)`` in RACERS threads released at once, each with its own store (its own client and
+    connections, as separate processes would have); a Conflict counts as None."""
+    barrier = threading.Barrier(RACERS)
+
+    def one(i: int):
+        store = open_store(uri)
+        barrier.wait()
+        try:
+            return attempt(store, i)
+        except Conflict:
+            return None
+
+    with ThreadPoolExecutor(RACERS) as pool:
+        return list(pool.map(one, range(RACERS)))
+
+
+class TestConditionalWrites:
+    def test_create_only_succeeds_once(self, store):
+        v1 = store.put_bytes_if(LEASE, b"first", expected=None)
+        assert isinstance(v1, str) and v1
+        with pytest.raises(Conflict):
+            store.put_bytes_if(LEASE, b"second", expected=None)
+        assert store.get_bytes_versioned(LEASE) == (b"first", v1)
+        assert store.get_bytes(LEASE) == b"first"
+
+    def test_compare_and_swap_needs_the_current_version(self, store):
+        v1 = store.put_bytes_if(LEASE, b"one", expected=None)
+        v2 = store.put_bytes_if(LEASE, b"two", expected=v1)
+        assert v2 != v1
+        with pytest.raises(Conflict):
+            store.put_bytes_if(LEASE, b"stale", expected=v1)
+        assert store.get_bytes_versioned(LEASE) == (b"two", v2)  # unchanged by the failed write
+
+        store.put_bytes(LEASE, b"someone else")  # an unconditional write makes a new version too
+        with pytest.raises(Conflict):
+            store.put_bytes_if(LEASE, b"stale", expected=v2)
+        data, v3 = store.get_bytes_versioned(LEASE)
+        assert data == b"someone else"
+        v4 = store.put_bytes_if(LEASE, b"four", expected=v3)
+        assert store.get_bytes_versioned(LEASE) == (b"four", v4)
+
+        store.delete(LEASE)
+        with pytest.raises(Conflict):  # gone is not "as last seen" either
+            store.put_bytes_if(LEASE, b"five", expected=v4)
+        assert not store.exists(LEASE)
+        with pytest.raises(NotFound):
+            store.get_bytes_versioned(LEASE)
+
+    def test_delete_if_needs_the_current_version_and_leaves_nothing(self, store, backend):
+        v1 = store.put_bytes_if(LEASE, b"one", expected=None)
+        v2 = store.put_bytes_if(LEASE, b"two", expected=v1)
+        with pytest.raises(Conflict):
+            store.delete_if(LEASE, expected=v1)
+        assert store.get_bytes(LEASE) == b"two"
+        store.delete_if(LEASE, expected=v2)
+        assert not store.exists(LEASE)
+        with pytest.raises(Conflict):
+            store.delete_if(LEASE, expected=v2)
+        assert store.list() == [] and backend.raw_names() == []  # no lock or temp file left behind
+        if backend.name == "file":
+            assert not Path(store.uri.removeprefix("file://")).exists() or not any(
+                Path(store.uri.removeprefix("file://")).iterdir()), "empty directories were left behind"
+
+    def test_racing_creators_have_exactly_one_winner(self, store):
+        versions = race(store.uri, lambda s, i: s.put_bytes_if(LEASE, f"racer {i}".encode(), expected=None))
+        winners = [i for i, v in enumerate(versions) if v is not None]
+        assert len(winners) == 1, versions
+        assert store.get_bytes_versioned(LEASE) == (f"racer {winners[0]}".encode(), versions[winners[0]])
+        assert [o.key for o in store.list()] == [LEASE]
+
+    def test_racing_swappers_from_one_read_have_exactly_one_winner(self, store):
+        v0 = store.put_bytes_if(LEASE, b"start", expected=None)
+        versions = race(store.uri, lambda s, i: s.put_bytes_if(LEASE, f"swapper {i}".encode(), expected=v0))
+        winners = [i for i, v in enumerate(versions) if v is not None]
+        assert len(winners) == 1, versions
+        assert store.get_bytes_versioned(LEASE) == (f"swapper {winners[0]}".encode(), versions[winners[0]])
+        assert [o.key for o in store.list()] == [LEASE]
 
 
 # ---------------------------------------------------------------------------------------- storage classes

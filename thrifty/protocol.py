@@ -17,6 +17,7 @@ EXIT_RESUMABLE = 75  # EX_TEMPFAIL: stopped on a spot notice with a checkpoint, 
 # ---------------------------------------------------------------- the node's environment
 
 ENV_CONFIG = "THRIFTY_RUN_CONFIG"  # the RunConfig as JSON
+ENV_LEASE_TOKEN = "THRIFTY_LEASE_TOKEN"  # the token of the run's lease (thrifty.lease) held by whoever launched it
 
 # ---------------------------------------------------------------- control objects under runs/<run_id>/
 

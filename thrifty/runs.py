@@ -1,7 +1,8 @@
 """Where a run's things live in the store, and readers for them (metrics, summary, the cost ledger).
 
 ``runs/<run_id>/``: ``ckpt/`` (training), ``metrics/<attempt>.jsonl`` (training),
-``summary.json`` (training, when finished), ``ledger.jsonl`` (the launch task: one :class:`Attempt` per row).
+``summary.json`` (training, when finished), ``ledger.jsonl`` (the launch task: one :class:`Attempt` per row),
+``lease.json`` (:mod:`thrifty.lease`: who is training the run, with a heartbeat).
 """
 
 from __future__ import annotations

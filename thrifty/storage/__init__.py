@@ -13,14 +13,14 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from thrifty.storage.atomic import atomic_write_bytes, fsync_dir, replace_atomically
-from thrifty.storage.base import (COLD_CLASSES, RESTORE_PRIORITIES, Archived, NotFound, ObjectInfo, RestoreStatus,
-                                  Store, StoreError, is_cold, join_key)
+from thrifty.storage.base import (COLD_CLASSES, RESTORE_PRIORITIES, Archived, Conflict, NotFound, ObjectInfo,
+                                  RestoreStatus, Store, StoreError, is_cold, join_key)
 from thrifty.storage.file import FILE_ARCHIVE_AREA, FILE_ARCHIVE_CLASS, FileStore
 from thrifty.storage.object import DEFAULT_PART_SIZE_BYTES
 
 __all__ = ["COLD_CLASSES", "DEFAULT_PART_SIZE_BYTES", "FILE_ARCHIVE_AREA", "FILE_ARCHIVE_CLASS", "PROBE_PREFIX",
-           "RESTORE_PRIORITIES", "Archived", "FileStore", "NotFound", "ObjectInfo", "RestoreStatus", "Store",
-           "StoreError", "atomic_write_bytes", "check_store", "fsync_dir", "is_cold", "join_key", "open_store",
+           "RESTORE_PRIORITIES", "Archived", "Conflict", "FileStore", "NotFound", "ObjectInfo", "RestoreStatus",
+           "Store", "StoreError", "atomic_write_bytes", "check_store", "fsync_dir", "is_cold", "join_key", "open_store",
            "replace_atomically"]
 
 PROBE_PREFIX = "_thrifty"  # check_store writes (and removes) one small object here

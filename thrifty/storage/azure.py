@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from typing import Iterator
 
 from thrifty.storage.atomic import replace_atomically
-from thrifty.storage.base import Archived, NotFound, ObjectInfo, RestoreStatus, StoreError
+from thrifty.storage.base import Archived, Conflict, NotFound, ObjectInfo, RestoreStatus, StoreError
 from thrifty.storage.object import DEFAULT_PART_SIZE_BYTES, _ObjectStore
 
 
@@ -126,6 +128,46 @@ class AzureStore(_ObjectStore):
     def get_bytes(self, key: str) -> bytes:
         with self._translate("read", key):
             return self._container.download_blob(self._name(key)).readall()
+
+    # Conditional writes: the version token is the blob's ETag. Create-only is an upload without overwrite
+    # (409 BlobAlreadyExists when it exists); compare-and-swap sends If-Match: <ETag> (412 ConditionNotMet when
+    # it changed or is gone).
+
+    @contextlib.contextmanager
+    def _conditional(self, op: str, key: str, expected: str | None) -> Iterator[None]:
+        from azure.core.exceptions import HttpResponseError
+
+        try:
+            with self._translate(op, None if op == "write" else key):  # a write's 404 is the container's
+                yield
+        except HttpResponseError as exc:
+            code = _azure_code(exc)
+            if code in ("BlobAlreadyExists", "ConditionNotMet") or (exc.status_code == 412 and not code):
+                what = "already exists" if expected is None else f"changed or is gone (expected ETag {expected})"
+                raise Conflict(f"store {self.uri!r}: {key} {what} ({code or exc.status_code})") from None
+            raise
+        except NotFound:
+            raise Conflict(f"store {self.uri!r}: {key} is gone (expected ETag {expected})") from None
+
+    def put_bytes_if(self, key: str, data: bytes, *, expected: str | None) -> str:
+        from azure.core import MatchConditions
+
+        blob = self._container.get_blob_client(self._name(key))
+        condition = ({"overwrite": False} if expected is None else
+                     {"overwrite": True, "etag": expected, "match_condition": MatchConditions.IfNotModified})
+        with self._conditional("write", key, expected):
+            return blob.upload_blob(data, **condition)["etag"]
+
+    def get_bytes_versioned(self, key: str) -> tuple[bytes, str]:
+        with self._translate("read", key):
+            download = self._container.download_blob(self._name(key))  # later chunks, if any, pinned to its ETag
+            return download.readall(), download.properties.etag
+
+    def delete_if(self, key: str, *, expected: str) -> None:
+        from azure.core import MatchConditions
+
+        with self._conditional("delete", key, expected):
+            self._container.delete_blob(self._name(key), etag=expected, match_condition=MatchConditions.IfNotModified)
 
     def put_file(self, key: str, local_path: str | Path) -> None:
         def upload() -> None:

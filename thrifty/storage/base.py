@@ -20,6 +20,10 @@ class NotFound(KeyError):
     """No object at that key."""
 
 
+class Conflict(StoreError):
+    """A conditional write or delete lost: the object was created, changed or removed since the version expected."""
+
+
 class Archived(StoreError):
     """The object is in an archive tier: it must be restored (``thrifty archive restore``) before it can be read."""
 
@@ -72,6 +76,35 @@ class Store(Protocol):
         ...
     def local_path(self, key: str) -> Path | None:
         """A path readable in place (file stores), or None where the object must be fetched."""
+        ...
+
+    # ------------------------------------------------------------- conditional writes (compare-and-swap)
+    # For small control objects (a run's lease): a writer that read version v replaces the object only if it is
+    # still at v, so of two writers racing from the same read exactly one wins. A version token is the backend's
+    # own (S3 and Azure: the ETag; GCS: the generation; file stores: the SHA-256 of the content), opaque to callers:
+    # compare tokens only with ==, and only ones from the same store. Where the token follows from the content
+    # (file stores; S3's ETag of a plain upload is its MD5), writing identical bytes yields the same token: a
+    # compare-and-swap then compares content, which is what a caller that computed its write from what it read
+    # needs. Unconditional writes (put_bytes, delete) to the same key take no part in the comparison on file
+    # stores: on such keys, use only the conditional ones.
+
+    def put_bytes_if(self, key: str, data: bytes, *, expected: str | None) -> str:
+        """Write ``data`` at ``key`` only if the object is as the caller last saw it; return the new version token.
+
+        ``expected=None``: only if no object exists at ``key`` (create-only). Otherwise ``expected`` is a token
+        that ``get_bytes_versioned`` or an earlier ``put_bytes_if`` returned: only if the object still has that
+        version. Raises :class:`Conflict` when the precondition fails (someone else created, changed or removed it
+        first); the object is then left as it was. Like every write, atomic for readers.
+        """
+        ...
+
+    def get_bytes_versioned(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and its version token, read together (one request); NotFound like ``get_bytes``."""
+        ...
+
+    def delete_if(self, key: str, *, expected: str) -> None:
+        """Delete the object at ``key`` only if it still has version ``expected``; :class:`Conflict` otherwise
+        (it changed, or is gone)."""
         ...
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
+import hashlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
 from thrifty.storage.atomic import atomic_write_bytes, fsync_dir, replace_atomically
-from thrifty.storage.base import Archived, NotFound, ObjectInfo, RestoreStatus, StoreError, _clean_key
+from thrifty.storage.base import Archived, Conflict, NotFound, ObjectInfo, RestoreStatus, StoreError, _clean_key
 
 FILE_ARCHIVE_AREA = "archive"  # a file store's cold tier: <root>/archive/<key>; keys may not start with it
 FILE_ARCHIVE_CLASS = "ARCHIVE"
@@ -96,8 +100,8 @@ class FileStore:
             if Path(dirpath) == self.root and area == self.root and FILE_ARCHIVE_AREA in dirs:
                 dirs.remove(FILE_ARCHIVE_AREA)  # the archive area is walked on its own
             for name in files:
-                if name.startswith(".") and name.endswith(".tmp"):
-                    continue  # an in-flight atomic write, not an object
+                if name.startswith(".") and name.endswith((".tmp", ".lock")):
+                    continue  # an in-flight atomic write or a conditional write's lock, not an object
                 p = Path(dirpath) / name
                 key = p.relative_to(area).as_posix()
                 if key.startswith(prefix) and not (area == self.root and key.startswith(FILE_ARCHIVE_AREA + "/")):
@@ -148,6 +152,113 @@ class FileStore:
     def restore(self, key: str, *, priority: str = "standard", days: int = 7) -> RestoreStatus:
         self.set_storage_class(key, "STANDARD")
         return RestoreStatus(key, "done", "immediate (a local move)")
+
+    # ------------------------------------------------------------- conditional writes
+    # The version token is the SHA-256 of the content. Not mtime_ns+inode+size: an inode number is reused as
+    # soon as a replaced file is freed, and mtimes advance in clock ticks (milliseconds on many file systems), so
+    # two writes of the same size within one tick could share that token with different content, and a stale
+    # compare-and-swap would win. A content hash cannot be fooled that way across processes or hosts; identical
+    # bytes share a token, which compares content (see Store). Create-only is one os.link of a complete temp file
+    # (atomic, and it fails if the name exists); compare-and-swap and delete_if hold an exclusive flock on a
+    # sidecar ``.<name>.lock`` around read, compare and replace. Both need a file system that honours them across
+    # its clients (local ones and NFSv4 do; some FUSE mounts do not).
+
+    @staticmethod
+    def _version(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
+    def get_bytes_versioned(self, key: str) -> tuple[bytes, str]:
+        data = self.get_bytes(key)  # one read of a file that writers replace whole: bytes and hash agree
+        return data, self._version(data)
+
+    def put_bytes_if(self, key: str, data: bytes, *, expected: str | None) -> str:
+        path = self._path(key)
+        if expected is None:
+            if self._archived_path(key).is_file():  # an archived object exists too, as on the object stores
+                raise Conflict(f"store {self.uri!r}: {key} already exists (archived)")
+            self._create_only(path, key, data)
+        else:
+            try:
+                with self._locked(path):
+                    self._expect(path, key, expected)
+                    atomic_write_bytes(path, data)
+            except Conflict:
+                self._prune_dirs(path.parent, self.root)  # the lock's directories, if the object never was
+                raise
+            self._dropped_archived_copy(key)
+        return self._version(data)
+
+    def delete_if(self, key: str, *, expected: str) -> None:
+        path = self._path(key)
+        try:
+            with self._locked(path):
+                self._expect(path, key, expected)
+                path.unlink()
+            fsync_dir(path.parent)
+        finally:
+            self._prune_dirs(path.parent, self.root)
+
+    def _expect(self, path: Path, key: str, expected: str) -> None:
+        try:
+            current = self._version(path.read_bytes())
+        except (FileNotFoundError, IsADirectoryError):
+            raise Conflict(f"store {self.uri!r}: {key} is gone (expected version {expected[:12]})") from None
+        if current != expected:
+            raise Conflict(f"store {self.uri!r}: {key} changed (expected version {expected[:12]}, found "
+                           f"{current[:12]})")
+
+    def _create_only(self, path: Path, key: str, data: bytes) -> None:
+        for _ in range(10):  # a concurrent delete may prune the directory between mkdir and the temp file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            except FileNotFoundError:
+                continue
+            break
+        else:
+            raise StoreError(f"store {self.uri!r}: cannot create {path.parent} for {key}")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)  # atomic: the name appears complete, or the call fails because it exists
+            except FileExistsError:
+                raise Conflict(f"store {self.uri!r}: {key} already exists") from None
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        fsync_dir(path.parent)
+
+    @contextlib.contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        """Hold an exclusive flock on ``.<name>.lock`` beside ``path``; the holder removes the file when done.
+
+        A process that waited on the lock then finds it holds a file no longer at that name (or another file
+        there): it starts again, so one holder at a time holds the file that is at the name, and none is left over.
+        """
+        lock = path.parent / f".{path.name}.lock"
+        while True:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # the directory was pruned in between
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    same = os.path.samestat(os.fstat(fd), os.stat(lock))
+                except FileNotFoundError:
+                    same = False
+                if not same:
+                    continue  # the previous holder removed it while we waited
+                try:
+                    yield
+                finally:
+                    lock.unlink(missing_ok=True)  # before unlocking: a waiter then sees it is gone
+                return
+            finally:
+                os.close(fd)  # releases the flock
 
     def local_path(self, key: str) -> Path | None:
         return self._path(key)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
+from typing import Iterator
 
 from thrifty.storage.atomic import replace_atomically
-from thrifty.storage.base import NotFound, ObjectInfo, RestoreStatus
+from thrifty.storage.base import Conflict, NotFound, ObjectInfo, RestoreStatus, StoreError
 from thrifty.storage.object import DEFAULT_PART_SIZE_BYTES, _ObjectStore
 
 _GCS_CHUNK_BYTES = 256 << 10  # resumable upload chunks must be multiples of this
@@ -77,6 +79,42 @@ class GCSStore(_ObjectStore):
     def get_bytes(self, key: str) -> bytes:
         with self._translate("read", key):
             return self._bucket.blob(self._name(key)).download_as_bytes(**self._call)
+
+    # Conditional writes: the version token is the object's generation (a new one at every write, as a string);
+    # ifGenerationMatch=0 means "only if absent". GCS answers a failed precondition with 412.
+
+    @contextlib.contextmanager
+    def _conditional(self, op: str, key: str, expected: str | None) -> Iterator[None]:
+        from google.api_core import exceptions as gx
+
+        what = "already exists" if expected is None else f"changed (expected generation {expected})"
+        try:
+            with self._translate(op, None if op == "write" else key):  # a write's 404 is the bucket's
+                yield
+        except gx.PreconditionFailed:
+            raise Conflict(f"store {self.uri!r}: {key} {what}") from None
+        except NotFound:
+            raise Conflict(f"store {self.uri!r}: {key} is gone (expected generation {expected})") from None
+
+    def put_bytes_if(self, key: str, data: bytes, *, expected: str | None) -> str:
+        blob = self._bucket.blob(self._name(key))
+        with self._conditional("write", key, expected):
+            blob.upload_from_string(data, content_type="application/octet-stream",
+                                    if_generation_match=0 if expected is None else int(expected), **self._call)
+        return str(blob.generation)
+
+    def get_bytes_versioned(self, key: str) -> tuple[bytes, str]:
+        blob = self._bucket.blob(self._name(key))
+        with self._translate("read", key):
+            data = blob.download_as_bytes(**self._call)
+        if blob.generation is None:  # GCS sends x-goog-generation with every download
+            raise StoreError(f"store {self.uri!r}: the service sent no generation with {key}, and conditional "
+                             "writes need one (GCS sends it; an emulator may not)")
+        return data, str(blob.generation)
+
+    def delete_if(self, key: str, *, expected: str) -> None:
+        with self._conditional("delete", key, expected):
+            self._bucket.blob(self._name(key)).delete(if_generation_match=int(expected), **self._call)
 
     def put_file(self, key: str, local_path: str | Path) -> None:
         with self._translate("write"):

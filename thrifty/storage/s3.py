@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from thrifty.storage.atomic import replace_atomically
-from thrifty.storage.base import NotFound, ObjectInfo, RestoreStatus
+from thrifty.storage.base import Conflict, NotFound, ObjectInfo, RestoreStatus
 from thrifty.storage.object import DEFAULT_PART_SIZE_BYTES, _ObjectStore
 
 
@@ -83,6 +83,47 @@ class S3Store(_ObjectStore):
     def get_bytes(self, key: str) -> bytes:
         with self._translate("read", key):
             return self._client.get_object(Bucket=self.bucket, Key=self._name(key))["Body"].read()
+
+    # Conditional writes: If-None-Match: * (create-only) and If-Match: <ETag> on PutObject and DeleteObject. AWS S3
+    # honours them (an S3-compatible service that ignores the headers would make these plain writes: check yours).
+    # 412 PreconditionFailed: the condition failed; 409 ConditionalRequestConflict: a concurrent write to the key won.
+    _CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+
+    def _conflict(self, key: str, exc: BaseException, expected: str | None) -> Conflict | None:
+        code = _s3_error_code(exc)
+        if code in self._CONFLICT_CODES:
+            what = "already exists" if expected is None else f"changed (expected ETag {expected})"
+            return Conflict(f"store {self.uri!r}: {key} {what} ({code})")
+        if expected is not None and self._is_missing_key(exc):
+            return Conflict(f"store {self.uri!r}: {key} is gone (expected ETag {expected})")
+        return None
+
+    def put_bytes_if(self, key: str, data: bytes, *, expected: str | None) -> str:
+        condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
+        try:
+            with self._translate("write"):
+                return self._client.put_object(Bucket=self.bucket, Key=self._name(key), Body=data,
+                                               **condition)["ETag"]
+        except Exception as exc:
+            conflict = self._conflict(key, exc, expected)
+            if conflict is None:
+                raise
+            raise conflict from None
+
+    def get_bytes_versioned(self, key: str) -> tuple[bytes, str]:
+        with self._translate("read", key):
+            got = self._client.get_object(Bucket=self.bucket, Key=self._name(key))
+            return got["Body"].read(), got["ETag"]
+
+    def delete_if(self, key: str, *, expected: str) -> None:
+        try:
+            with self._translate("delete"):
+                self._client.delete_object(Bucket=self.bucket, Key=self._name(key), IfMatch=expected)
+        except Exception as exc:
+            conflict = self._conflict(key, exc, expected)
+            if conflict is None:
+                raise
+            raise conflict from None
 
     def put_file(self, key: str, local_path: str | Path) -> None:
         with self._translate("write"):
