@@ -9,6 +9,9 @@ from typing import Any
 import yaml
 
 AUTOMATIONS_FILE = Path(__file__).with_name("automations.yaml")
+# names earlier versions installed; removed on every install. thrifty-budget-cutoff cancelled a run on
+# thrifty.budget.exceeded and so raced the watch loop's own graceful stop (runs ended Cancelled, unreported)
+RETIRED = ("thrifty-budget-cutoff",)
 
 log = logging.getLogger("thrifty.deploy")
 
@@ -45,6 +48,9 @@ async def install(client: Any, notify_block: str | None = None, path: Path = AUT
     from prefect.events.schemas.automations import AutomationCore
 
     installed = []
+    for name in RETIRED:
+        for old in await client.read_automations_by_name(name):
+            await client.delete_automation(old.id)
     for spec in load_specs(path):
         resolved = await resolve_blocks(client, spec, notify_block)
         if resolved is None:

@@ -7,9 +7,12 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from flows.hooks import ENDS
 from thrifty.cli import config_for_today
 from thrifty.preflight import check_before_spending
-from thrifty.protocol import EXIT_FAILED, EXIT_OK
+from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED, EXIT_OK
+
+EXIT_CODES = {"StoppedAtCap": EXIT_BUDGET, "BadInput": EXIT_BAD_INPUT}  # by the flow's final state
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -23,8 +26,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     state = train_pipeline(config=cfg, return_state=True)
     if not state.is_completed():
-        console.print(f"[red]run {cfg.run_name} {state.name.lower()}:[/] {state.message}", highlight=False, soft_wrap=True)
-        return EXIT_FAILED
+        console.print(f"[red]run {cfg.run_name} {ENDS.get(state.name, state.name.lower())}:[/] {state.message}",
+                      highlight=False, soft_wrap=True)
+        return EXIT_CODES.get(state.name, EXIT_FAILED)
     out = state.result()
     summary = out.summary
     table = Table(title=f"run {out.run_name}", show_header=False)

@@ -1,24 +1,26 @@
 """Flow-run hooks: post the projected cost when a run starts and the final spend when it ends.
 
-Prefect runs hooks best-effort, so they only inform: the hard stop lives in the watch loop and,
-for deployed runs, in an automation on ``thrifty.budget.exceeded``. A hook never raises and
-never blocks for long (each notification has a timeout).
+Prefect runs hooks best-effort, so they only inform: the hard stop lives in the watch loop and on
+the node, with a server-side automation as the backstop for a watch loop that is gone. A hook
+never raises and never blocks for long (each notification has a timeout).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 import logging
 from typing import Any, Callable
 
+from pydantic import ValidationError
+
 from tasks.alerts import notify
-from thrifty.config import RunConfig
+from thrifty import savings
 from thrifty.budget import spend_usd
+from thrifty.config import ConfigError, RunConfig
+from thrifty.ledger import read_attempts
 from thrifty.pricing import quote_emulated
-from thrifty.runs import read_attempts, run_key
-from thrifty.storage import NotFound, open_store
+from thrifty.storage import open_store
 
 log = logging.getLogger("thrifty.hooks")
 
@@ -42,11 +44,20 @@ def _logger(flow: Any, flow_run: Any) -> logging.Logger | logging.LoggerAdapter:
         return log
 
 
-def _config(flow_run: Any) -> RunConfig:
+def _config(flow_run: Any) -> RunConfig | None:
+    """The run's config as the flow resolves it, or None when its parameters do not validate (the run failed on
+    them before anything was spent, and said why)."""
     raw = flow_run.parameters.get("config", {})
-    cfg = raw if isinstance(raw, RunConfig) else RunConfig.model_validate(raw or {})
-    when = flow_run.expected_start_time  # the flow resolves '{date}' from the same scheduled time
-    return cfg.resolved(when.date() if when else dt.datetime.now(dt.timezone.utc).date())
+    try:
+        cfg = raw if isinstance(raw, RunConfig) else RunConfig.model_validate(raw or {})
+        when = flow_run.expected_start_time  # the flow resolves '{date}' from the same scheduled time
+        return cfg.resolved(when.date() if when else dt.datetime.now(dt.timezone.utc).date())
+    except (ValidationError, ConfigError):
+        return None
+
+
+def _duration(hours: float) -> str:
+    return f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.1f} min" if hours * 60 >= 1 else f"{hours * 3600:.0f} s"
 
 
 def running_message(cfg: RunConfig) -> str:
@@ -56,27 +67,26 @@ def running_message(cfg: RunConfig) -> str:
         q = quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)
         rate = q.usd_per_hour * cfg.compute.num_nodes
         parts.append(f"burning ${rate:.3f}/h on {q.cloud} {q.instance} {'spot' if q.spot else 'on-demand'}, "
-                     f"so the budget covers {b.max_usd / rate:.1f} h")
-    try:
-        est = open_store(cfg.store).get_bytes(run_key(cfg.run_name, "savings.json"))
-        parts.append(f"last time it cost ${json.loads(est)['actual_usd']:.4f}")
-    except (NotFound, KeyError, ValueError):
-        pass
+                     f"so the budget covers {_duration(b.max_usd / rate)}")
+    last = savings.read(open_store(cfg.store), cfg.run_name)
+    if last is not None:
+        parts.append(f"so far it has cost ${last.actual_usd:.4f}")
     return "; ".join(parts)
+
+
+ENDS = {"StoppedAtCap": "stopped at its budget cap", "BadInput": "refused its input", "Completed": "completed"}
 
 
 def final_message(cfg: RunConfig, state_name: str, state_message: str | None) -> str:
     store = open_store(cfg.store)
     attempts = read_attempts(store, cfg.run_name)
     spent = spend_usd(attempts)
-    text = (f"run {cfg.run_name} {state_name.lower()}: spent ${spent:.4f} of its ${cfg.budget.max_usd:g} budget "
-            f"({spent / cfg.budget.max_usd:.0%}) over {len(attempts)} attempt(s)")
-    try:
-        figures = json.loads(store.get_bytes(run_key(cfg.run_name, "savings.json")))
-        text += f"; saved ${figures['saved_usd']:.4f} ({figures['saved_fraction']:.0%}) against the naive way"
-    except (NotFound, KeyError, ValueError):
-        pass
-    if state_message and state_name.lower() != "completed":
+    text = (f"run {cfg.run_name} {ENDS.get(state_name, state_name.lower())}: spent ${spent:.4f} of its "
+            f"${cfg.budget.max_usd:g} budget ({spent / cfg.budget.max_usd:.0%}) over {len(attempts)} attempt(s)")
+    figures = savings.read(store, cfg.run_name)
+    if figures is not None and state_name == "Completed":
+        text += f"; saved ${figures.saved_usd:.4f} ({figures.saved_fraction:.0%}) against the naive way"
+    if state_message and state_name != "Completed":
         text += f". {state_message}"
     return text
 
@@ -85,6 +95,8 @@ def final_message(cfg: RunConfig, state_name: str, state_message: str | None) ->
 def announce_projection(flow: Any, flow_run: Any, state: Any) -> None:
     """on_running: what the run may cost."""
     cfg = _config(flow_run)
+    if cfg is None:
+        return
     message = running_message(cfg)
     _logger(flow, flow_run).info("budget: %s", message)
     notify(cfg.budget.notify, f"Thrifty: {cfg.run_name} started", message)
@@ -94,6 +106,8 @@ def announce_projection(flow: Any, flow_run: Any, state: Any) -> None:
 def post_final_cost(flow: Any, flow_run: Any, state: Any) -> None:
     """on_completion / on_failure / on_crashed / on_cancellation: final spend, budget use and savings."""
     cfg = _config(flow_run)
+    if cfg is None:
+        return
     message = final_message(cfg, state.name, state.message)
     _logger(flow, flow_run).info("budget: %s", message)
-    notify(cfg.budget.notify, f"Thrifty: {cfg.run_name} {state.name.lower()}", message)
+    notify(cfg.budget.notify, f"Thrifty: {cfg.run_name} {ENDS.get(state.name, state.name.lower())}", message)

@@ -1,22 +1,56 @@
-"""The main job: preprocess (cached) -> smoke test on CPU -> budget gate -> launch and watch -> report."""
+"""The main job: preprocess (cached) -> smoke test on CPU -> budget gate -> launch and watch -> report.
+
+Every way a run can end is a state with a message and no traceback: Completed; Failed named
+``BadInput`` (a setting to change, before anything was rented); Failed named ``StoppedAtCap``
+(the budget ran out; the report is written and the checkpoint kept); Failed (the job failed).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import time
+from typing import Any
+
 from prefect import flow, get_run_logger
+from prefect.states import Failed, State
 
 from flows.hooks import announce_projection, post_final_cost
 from tasks.budget import budget_gate
+from tasks.errors import BAD_INPUT, USER_ERRORS, bad_input
 from tasks.launch import launch_and_watch
 from tasks.preprocess import preprocess
 from tasks.report import report
 from tasks.smoke import smoke
-from thrifty.config import RunConfig
+from thrifty import lease
 from thrifty.budget import spend_usd
+from thrifty.config import RunConfig
+from thrifty.ledger import read_attempts
 from thrifty.preflight import check_before_spending
 from thrifty.results import PipelineResult
-from thrifty.runs import finished_summary, read_attempts
+from thrifty.runs import finished_summary
 from thrifty.storage import open_store
+from training.validate import check_config
+
+STOPPED_AT_CAP = "StoppedAtCap"  # the name of the Failed state a run stopped at its budget cap ends in
+
+
+class StepFailed(Exception):
+    """A step ended in a failed state; the flow ends in the same one."""
+
+    def __init__(self, state: State):
+        super().__init__(state.message)
+        self.state = state
+
+
+def outcome_of(state: State) -> Any:
+    """A finished task's result, or StepFailed carrying its failed state (its message is already the whole story)."""
+    if not state.is_completed():
+        raise StepFailed(state)
+    return state.result()
+
+
+def step(task: Any, *args: Any, **kwargs: Any) -> Any:
+    return outcome_of(task(*args, return_state=True, **kwargs))
 
 
 def scheduled_date() -> dt.date:
@@ -32,16 +66,30 @@ def scheduled_date() -> dt.date:
       on_crashed=[post_final_cost], on_cancellation=[post_final_cost])
 def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0) -> PipelineResult:
     """Train one run the cheap way. `config` is the RunConfig: the Prefect UI draws its form from it."""
+    try:
+        return pipeline(config, poll_s)
+    except StepFailed as failed:
+        name = BAD_INPUT if failed.state.name == BAD_INPUT else "Failed"
+        return Failed(name=name, message=failed.state.message)  # type: ignore[return-value]
+    except USER_ERRORS as exc:
+        return bad_input(exc)  # type: ignore[return-value]
+
+
+def pipeline(config: RunConfig, poll_s: float) -> PipelineResult | State:
     logger = get_run_logger()
     config = config.resolved(scheduled_date())  # 'nightly-{date}' -> a new run each night, validated again
-    check_before_spending(config)
+    check_before_spending(config)  # launcher, prices, credentials, the store: nothing written yet
+    check_config(config)  # what the training program would reject, by the same code, before anything is rented
+    store = open_store(config.store)
+    held = lease.read(store, config.run_name)
+    if held is not None and held.live(time.time()):  # said now, not after preprocessing and a smoke test
+        raise lease.LeaseHeld(config.run_name, held, time.time())
     prep_state = preprocess(config, return_state=True)
-    prep = prep_state.result()
+    prep = outcome_of(prep_state)
     if prep_state.name == "Cached":
         prep = prep.model_copy(update={"hit": True})  # Prefect's own cache: the shards were there
     logger.info("preprocessing cache %s: %s", "hit" if prep.hit else "miss", prep.key)
 
-    store = open_store(config.store)
     done = finished_summary(store, config.run_name, config.training_fingerprint())
     if done is not None:  # relaunching would rent a machine only to load the last checkpoint and exit
         logger.info("run %s already finished training with this config (%s at step %s); nothing is launched. "
@@ -50,11 +98,15 @@ def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0) -> Pipe
         return PipelineResult(run_name=config.run_name, cache_hit=prep.hit, already_finished=True, summary=done,
                               cost_usd=spend_usd(read_attempts(store, config.run_name)))
 
-    smoke_result = smoke(config)  # raises before any launch if the recipe cannot train
-    estimate = budget_gate(config, prep, smoke_result)  # raises if the plan exceeds the budget
+    smoke_result = step(smoke, config)  # a failure ends the run before any launch
+    estimate = step(budget_gate, config, prep, smoke_result, poll_s)  # refuses what the budget cannot carry
 
-    job = launch_and_watch(config, poll_s=poll_s)  # stops the job at the budget cap
-    figures = report(config, prep, smoke_result, estimate, job)
+    job = step(launch_and_watch, config, estimate, poll_s)  # stops the job at the budget cap
+    figures = step(report, config, prep, smoke_result, estimate, job)  # every end is reported, its spend counted
+    if job.end == "budget":
+        return Failed(name=STOPPED_AT_CAP, message=job.message)
+    if job.end != "succeeded":
+        return Failed(message=job.message)
     return PipelineResult(run_name=config.run_name, cache_hit=prep.hit, smoke=smoke_result, estimate=estimate,
                           job=job, summary=job.summary, cost_usd=figures.actual_usd,
                           on_demand_usd=figures.on_demand_usd, savings=figures)

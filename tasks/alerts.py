@@ -11,9 +11,11 @@ from typing import Any
 
 from prefect.events import emit_event
 
-from thrifty.budget import AlertState, Snapshot, due_alerts, gpus_per_node, snapshot
+from thrifty.budget import AlertState, Snapshot, due_alerts, gpus_per_node, snapshot, stop_margin_s
 from thrifty.config import RunConfig
-from thrifty.runs import Attempt, run_key
+from thrifty.estimate import Estimate
+from thrifty.ledger import Attempt
+from thrifty.runs import run_key
 from thrifty.storage import NotFound, Store
 
 NOTIFY_TIMEOUT_S = 15.0  # a slow webhook must not hold up the watch loop or a hook
@@ -53,18 +55,33 @@ def run_resource(run_id: str) -> dict[str, str]:
 
 
 class BudgetGuard:
-    """Watches spend during the run: emits events and notifications at thresholds, says when to stop."""
+    """Watches spend during the run: emits events and notifications at thresholds, says when to stop.
 
-    def __init__(self, config: RunConfig, store: Store, run_id: str, logger: Any):
+    The stop comes while ``spend + burn x reserve`` is still under the cap, the reserve being the gap
+    until the next look (the poll interval, or the loop's measured pace when slower) plus the stop
+    itself (``stop_margin_s``, after which the launcher makes it a hard stop). Until throughput is
+    measured, the projection is the pre-launch estimate's.
+    """
+
+    def __init__(self, config: RunConfig, store: Store, run_id: str, logger: Any, estimate: Estimate | None = None,
+                 poll_s: float = 1.0):
         self.config, self.store, self.run_id, self.logger = config, store, run_id, logger
+        self.estimate, self.poll_s = estimate, poll_s
         self.key = run_key(run_id, "budget-alerts.json")
         try:
             self.state = AlertState(**json.loads(store.get_bytes(self.key)))
-        except NotFound:
+        except (NotFound, ValueError, TypeError):  # none yet, or unreadable: alert again rather than never
             self.state = AlertState()
         self.gpus = gpus_per_node(config)
+        self.margin_s = stop_margin_s(config)
         self._first: tuple[float, int] | None = None  # (time, step) of the first progress seen this attempt
         self._attempt = 0
+        self._last_check: float | None = None
+        self.gap_s = poll_s  # the loop's pace: the slower of the poll interval and the measured gap between looks
+
+    @property
+    def reserve_s(self) -> float:
+        return self.margin_s + self.gap_s
 
     def steps_per_s(self, attempt_number: int, step: int | None, now: float) -> float | None:
         if step is None:
@@ -76,17 +93,33 @@ class BudgetGuard:
         return (step - s0) / (now - t0) if now > t0 and step > s0 else None
 
     def check(self, attempts: list[Attempt], progress: dict[str, Any]) -> tuple[Snapshot, bool]:
-        """One look at the money; returns the snapshot and whether the hard cap was reached."""
+        """One look at the money; returns the snapshot and whether the job must be stopped now."""
         now = time.time()
+        if self._last_check is not None:
+            self.gap_s = max(self.poll_s, 1.5 * (now - self._last_check))  # a slow look leaves less time
+        self._last_check = now
         rate = self.steps_per_s(len(attempts), progress.get("step"), now)
-        snap = snapshot(attempts, progress, rate, self.config.budget, self.gpus, now)
+        est = self.estimate
+        if est is not None:
+            progress = {**progress, "estimated_steps": est.total_steps}
+        snap = snapshot(attempts, progress, rate, self.config.budget, self.gpus, now,
+                        estimated_step_s=est.step_s if est else None,
+                        planned_usd_per_hour=est.usd_per_hour if est else 0.0)
         before = (list(self.state.fired), self.state.last_burn_alert_unix)
         exceeded = False
-        for alert in due_alerts(snap, self.config.budget, self.state, self.run_id, now):
+        for alert in due_alerts(snap, self.config.budget, self.state, self.run_id, now, self.reserve_s,
+                                est.usd_per_hour if est else None):
             exceeded = exceeded or alert.kind == "exceeded"
-            self.logger.warning("budget: %s", alert.message)
-            emit_event(event=f"thrifty.budget.{alert.kind}", resource=run_resource(self.run_id), payload=alert.payload)
-            notify(self.config.budget.notify, f"Thrifty budget: {self.run_id}", alert.message, self.logger)
+            self._send(alert.kind, alert.message, alert.payload)
         if (list(self.state.fired), self.state.last_burn_alert_unix) != before:
             self.store.put_bytes(self.key, json.dumps(asdict(self.state)).encode())
         return snap, exceeded
+
+    def stopped(self, message: str, payload: dict[str, Any]) -> None:
+        """The job stopped at the cap: ``thrifty.budget.stopped``, which the server-side backstop waits for."""
+        self._send("stopped", message, payload)
+
+    def _send(self, kind: str, message: str, payload: dict[str, Any]) -> None:
+        self.logger.warning("budget: %s", message)
+        emit_event(event=f"thrifty.budget.{kind}", resource=run_resource(self.run_id), payload=payload)
+        notify(self.config.budget.notify, f"Thrifty budget: {self.run_id}", message, self.logger)

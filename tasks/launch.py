@@ -1,10 +1,15 @@
-"""Launch the training job and watch it to the end: progress, one ledger row per attempt, graceful cancel.
+"""Launch the training job and watch it to the end: ledger, budget, one job per run, a stop at the cap.
 
 Never retried by Prefect: a retry rents another machine. Recovery after preemption is the launcher's job.
+The run's lease (``thrifty.lease``) makes this the only watcher of the run: a second trigger while
+this one lives fails saying who holds it; one that finds the holder gone but its job still running
+re-attaches to that job instead of renting another.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from typing import Any
 
@@ -12,87 +17,172 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from tasks.alerts import BudgetGuard
-from thrifty.budget import BudgetExceeded, spend_usd
-from thrifty.config import RunConfig
-from thrifty.launchers import JobState, LaunchError, make_launcher
+from tasks.errors import fails_quietly
+from thrifty import checkpoints, lease
+from thrifty.budget import spend_usd, stop_margin_s
+from thrifty.config import ConfigError, RunConfig
+from thrifty.estimate import Estimate
+from thrifty.launchers import JobState, JobStatus, LaunchError, Launcher, make_launcher
+from thrifty.ledger import Attempt, job_ended_at_cap, read_attempts, read_meters, write_job_attempts
+from thrifty.protocol import ENV_LEASE_TOKEN
 from thrifty.results import JobOutcome
-from thrifty.runs import Attempt, latest_progress, read_attempts, read_metrics, read_summary, write_attempts
-from thrifty.storage import open_store
+from thrifty.runs import finished_since, latest_progress, read_metrics, read_summary
+from thrifty.storage import Store, open_store
+
+LEASE_TTL_S = 60.0  # a watcher silent this long is gone; its lease may be taken over
+LEASE_BEAT_S = 10.0
 
 
-def merge_ledger(previous: list[Attempt], attempts: list[Attempt]) -> list[Attempt]:
-    """Earlier jobs' rows unchanged, this job's rows replaced by the latest view of its attempts."""
-    mine = {a.job_id for a in attempts}
-    return [r for r in previous if r.job_id not in mine] + attempts
+def _holder() -> str:
+    from prefect.runtime import flow_run
+
+    return f"flow run {flow_run.name or flow_run.id or '?'} on {socket.gethostname()} pid {os.getpid()}"
 
 
-def _stop_gracefully(launcher: Any, job_id: str, grace_s: float) -> None:
-    """Cancel (SIGTERM: the job checkpoints) and wait for the job to end."""
-    launcher.cancel(job_id)
-    deadline = time.time() + grace_s + 10
-    while not launcher.status(job_id).state.terminal and time.time() < deadline:
+def live_job(launcher: Launcher, store: Store, config: RunConfig, previous: lease.LeaseRecord | None,
+             logger: Any) -> str | None:
+    """A job of this run that is still alive although no one watches it: re-attach to it when the launcher can
+    see it; stop here when it cannot (a local job whose flow process died: it ends by itself at the cap)."""
+    run_id = config.run_name
+    candidates = [a.job_id for a in read_attempts(store, run_id) if a.ended_unix is None]
+    if previous is not None and previous.job_id:
+        candidates.append(previous.job_id)
+    now = time.time()
+    for job_id in dict.fromkeys(reversed(candidates)):  # newest first, once each
+        try:
+            state = launcher.status(job_id).state
+        except LaunchError:
+            state = None  # this launcher cannot see it (another process's local job)
+        if state is not None:
+            if not state.terminal:
+                return job_id
+            continue
+        alive = [m for m in read_meters(store, run_id) if m.job_id == job_id and not m.gone(now)]
+        if alive:
+            raise ConfigError(
+                f"run {run_id!r}: its job {job_id} is still training without a watcher (the process that started it "
+                f"is gone; the job last reported {now - alive[-1].last_unix:.0f} s ago). It stops by itself at the "
+                "budget cap. Wait for it to end, or stop it, before starting this run again; a second job never "
+                "trains beside it.")
+    return None
+
+
+def record(store: Store, run_id: str, status: JobStatus) -> None:
+    write_job_attempts(store, run_id, status.job_id, status.attempts)
+
+
+def _wait_terminal(launcher: Launcher, job_id: str, within_s: float) -> JobStatus:
+    deadline = time.time() + within_s
+    status = launcher.status(job_id)
+    while not status.state.terminal and time.time() < deadline:
         time.sleep(0.2)
+        status = launcher.status(job_id)
+    return status
+
+
+def outcome(config: RunConfig, store: Store, status: JobStatus, earlier: list[Attempt], since_unix: float,
+            stopped_at_cap: bool, reattached: bool) -> JobOutcome:
+    """How the job ended. A job that finished training succeeded, whatever stop came after it."""
+    run_id = config.run_name
+    finished = status.state is JobState.SUCCEEDED and finished_since(store, run_id, since_unix)
+    saved = checkpoints.committed(store, run_id)
+    step = saved[-1].step if saved else None
+    spent = spend_usd(earlier + status.attempts)
+    if finished:
+        end, message = "succeeded", "training finished"
+    elif stopped_at_cap or job_ended_at_cap(store, run_id, status.job_id) is not None:
+        kept = (f"its checkpoint at step {step} is kept" if step is not None else
+                "no checkpoint was written: the budget ran out before the first one")
+        end, message = "budget", (
+            f"run {run_id} stopped at its budget cap: spent ${spent:.4f} of budget.max_usd "
+            f"${config.budget.max_usd:g}; {kept}. Run it again with a larger budget.max_usd to "
+            f"{'finish from there' if step is not None else 'train it'}.")
+    elif status.state is JobState.SUCCEEDED:
+        end, message = "succeeded", "training finished"
+    elif status.state is JobState.CANCELLED:
+        end, message = "cancelled", f"job {status.job_id} was cancelled: {status.message}"
+    else:
+        end, message = "failed", f"job {status.job_id} ended {status.state.value}: {status.message}"
+    return JobOutcome(job_id=status.job_id, state=status.state.value, end=end, message=message,
+                      attempts=status.attempts, summary=read_summary(store, run_id) if end == "succeeded" else None,
+                      checkpoint_step=step, run_spend_usd=round(spent, 6), reattached=reattached)
 
 
 @task(name="launch-and-watch", retries=0)
-def launch_and_watch(config: RunConfig, poll_s: float = 1.0) -> JobOutcome:
-    """Submit the job, poll until it ends, keep the ledger and the budget; returns the outcome and the run summary."""
+@fails_quietly
+def launch_and_watch(config: RunConfig, estimate: Estimate | None = None, poll_s: float = 1.0) -> JobOutcome:
+    """Submit the job (or re-attach to this run's live one), poll until it ends, keep the ledger and the budget."""
     logger = get_run_logger()
     store = open_store(config.store)
     run_id = config.run_name
-    launcher = make_launcher(config)
-    guard = BudgetGuard(config, store, run_id, logger)
-    previous_rows = read_attempts(store, run_id)  # the budget is per run: earlier jobs count too
-    submitted_unix = time.time()
-    job_id = launcher.submit(config)
-    logger.info("submitted job %s (%s launcher)", job_id, config.compute.launcher)
+    previous = lease.read(store, run_id)
+    held = lease.acquire(store, run_id, _holder(), ttl_s=LEASE_TTL_S)  # LeaseHeld (exit 2) while another watcher lives
+    beat = lease.Heartbeat(held, LEASE_BEAT_S)
+    try:
+        launcher = make_launcher(config)
+        job_id = live_job(launcher, store, config, previous, logger)
+        reattached = job_id is not None
+        earlier = [a for a in read_attempts(store, run_id) if a.job_id != job_id]  # the budget is per run
+        since = time.time()
+        if job_id is None:
+            job_id = launcher.submit(config, env={ENV_LEASE_TOKEN: held.token})
+            logger.info("submitted job %s (%s launcher)", job_id, config.compute.launcher)
+        else:
+            logger.warning("re-attached to job %s of run %s, which an earlier flow run started and no one was "
+                           "watching; no second job is rented", job_id, run_id)
+        held.attach(job_id)
+        guard = BudgetGuard(config, store, run_id, logger, estimate, poll_s)
+        return watch(config, store, launcher, job_id, guard, earlier, since, poll_s, reattached, logger)
+    finally:
+        beat.stop()
+        held.release()
+
+
+def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guard: BudgetGuard,
+          earlier: list[Attempt], since: float, poll_s: float, reattached: bool, logger: Any) -> JobOutcome:
+    """Poll the job to its end. The job's status comes first: a job that has ended is never called over budget."""
+    run_id = config.run_name
     progress_id = create_progress_artifact(0.0, description=f"training progress of run {run_id}")
+    recorded: list[Attempt] | None = None
     last_logged: tuple | None = None
-    ledger_seen: list[Attempt] = []
+    stopped_at_cap = False
     try:
         while True:
             status = launcher.status(job_id)
-            rows = merge_ledger(previous_rows, status.attempts)
-            if rows != ledger_seen:
-                write_attempts(store, run_id, rows)
-                ledger_seen = rows
-            progress = latest_progress(read_metrics(store, run_id, since_unix=submitted_unix))
-            snap, exceeded = guard.check(previous_rows + status.attempts, progress)
+            if status.attempts != recorded:
+                record(store, run_id, status)
+                recorded = status.attempts
+            if status.state.terminal:
+                break
+            progress = latest_progress(read_metrics(store, run_id, since_unix=since))
+            snap, exceeded = guard.check(earlier + status.attempts, progress)
             step, total = progress.get("step"), progress.get("total_steps")
             shown = (status.state, len(status.attempts), step)
             if shown != last_logged:
                 last_logged = shown
                 where = f"step {step}/{total} loss {progress.get('loss')}" if step is not None else "starting"
-                logger.info("%s attempt %d: %s, spend $%.4f (%.0f%% of budget), burn $%.3f/h, projected $%.4f",
+                logger.info("%s attempt %d: %s, spend $%.4f (%.0f%% of budget), burn $%.3f/h, %s $%.4f",
                             status.state.value, len(status.attempts), where, snap.spend_usd, 100 * snap.fraction,
-                            snap.burn_usd_per_hour, snap.projected_usd)
+                            snap.burn_usd_per_hour, "projected" if snap.measured else "estimated", snap.projected_usd)
                 if step is not None and total:
                     update_progress_artifact(progress_id, 100.0 * step / total)
             if exceeded:
-                _stop_gracefully(launcher, job_id, config.compute.preempt_grace_s)
-                attempts = launcher.attempts(job_id)
-                write_attempts(store, run_id, merge_ledger(previous_rows, attempts))
-                stopped_at = latest_progress(read_metrics(store, run_id, since_unix=submitted_unix)).get("step")
-                raise BudgetExceeded(
-                    f"run {run_id} stopped at its budget cap after spending "
-                    f"${spend_usd(previous_rows + attempts):.4f} "
-                    f"of budget.max_usd ${config.budget.max_usd:g} (stopping {config.budget.stop_margin_s:g} s of "
-                    f"burn early); its checkpoints are kept{f' (step {stopped_at})' if stopped_at else ''}. "
-                    "Run it again with a larger budget.max_usd to finish from there."
-                )
-            if status.state.terminal:
+                margin = stop_margin_s(config)
+                launcher.cancel(job_id, deadline_s=margin)  # checkpoint first; ended for good within the margin
+                status = _wait_terminal(launcher, job_id, margin + 10.0)
+                stopped_at_cap = True
                 break
             time.sleep(poll_s)
-    except BudgetExceeded:
-        raise
     except BaseException:
-        logger.warning("the watch was interrupted; cancelling job %s gracefully (it checkpoints first)", job_id)
-        _stop_gracefully(launcher, job_id, config.compute.preempt_grace_s)
-        write_attempts(store, run_id, merge_ledger(previous_rows, launcher.attempts(job_id)))
+        logger.warning("the watch was interrupted; stopping job %s (it checkpoints first)", job_id)
+        launcher.cancel(job_id, deadline_s=stop_margin_s(config))
+        record(store, run_id, _wait_terminal(launcher, job_id, stop_margin_s(config) + 10.0))
         raise
-    write_attempts(store, run_id, merge_ledger(previous_rows, status.attempts))
-    if status.state != JobState.SUCCEEDED:
-        raise LaunchError(f"job {job_id} ended {status.state.value}: {status.message}")
-    update_progress_artifact(progress_id, 100.0)
-    return JobOutcome(job_id=job_id, state=status.state.value, attempts=status.attempts,
-                      summary=read_summary(store, run_id))
+    record(store, run_id, status)
+    result = outcome(config, store, status, earlier, since, stopped_at_cap, reattached)
+    if result.end == "budget":
+        guard.stopped(result.message, {"run_id": run_id, "job_id": job_id, "spend_usd": result.run_spend_usd,
+                                       "max_usd": config.budget.max_usd, "checkpoint_step": result.checkpoint_step})
+    if result.end == "succeeded":
+        update_progress_artifact(progress_id, 100.0)
+    return result

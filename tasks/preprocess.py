@@ -9,12 +9,15 @@ from prefect import task
 from prefect.cache_policies import TASK_SOURCE, CachePolicy
 from prefect.utilities.hashing import hash_objects
 
+from tasks.errors import BAD_INPUT, fails_quietly
+from thrifty.budget import world_size
 from thrifty.config import ConfigError, RunConfig
 from thrifty.results import PrepResult
-from thrifty.storage import open_store
+from thrifty.storage import StoreError, open_store
 from thrifty.shards import read_manifest
 from training.data import cache_key, ensure_shards
 from training.recipes.base import resolve_recipe
+from training.validate import check_config, check_data
 
 
 @dataclass
@@ -41,9 +44,11 @@ class ShardCacheKey(CachePolicy):
 
 def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     """Retry store hiccups; never a config or data problem, which a retry cannot fix."""
+    if state.name == BAD_INPUT:
+        return False
     try:
         state.result()
-    except ConfigError:  # EmptyDataError too
+    except (ConfigError, StoreError):  # EmptyDataError too; a store misconfigured stays misconfigured
         return False
     except Exception:
         return True
@@ -52,10 +57,13 @@ def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
 
 @task(name="preprocess", cache_policy=ShardCacheKey(), persist_result=True,
       retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=_retry_transient)
+@fails_quietly
 def preprocess(config: RunConfig) -> PrepResult:
     """Ensure the run's shards exist in the store; a hit is one manifest read."""
-    recipe = resolve_recipe(config.recipe)
-    result = ensure_shards(open_store(config.store), recipe, recipe.parse_params(config.recipe_params))
+    recipe, params = check_config(config)
+    world = world_size(config)
+    # a run that cannot train on this data (e.g. micro_batch larger than it) writes nothing: checked before the shards
+    result = ensure_shards(open_store(config.store), recipe, params, lambda sizes: check_data(config, sizes, world))
     splits = result.manifest["splits"]
     return PrepResult(
         key=result.key,

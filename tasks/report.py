@@ -9,11 +9,12 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from thrifty import savings
-from thrifty.budget import Estimate
+from thrifty.estimate import Estimate
 from thrifty.config import RunConfig
 from thrifty.results import JobOutcome, PrepResult, SmokeResult
 from thrifty.savings import SavingsReport
-from thrifty.runs import Attempt, read_attempts, read_metrics
+from thrifty.ledger import Attempt, read_attempts
+from thrifty.runs import read_metrics
 from thrifty.storage import open_store
 
 SAVINGS_TABLE_KEY = "thrifty-savings"  # the cross-run table every run updates
@@ -69,7 +70,7 @@ def render_summary(run_id: str, prep: PrepResult, smoke: SmokeResult, estimate: 
         f"| smoke test | passed: {smoke.steps} steps on CPU, {smoke.precision_checked} autocast, "
         f"{smoke.cpu_step_time_s} s/step |",
         f"| estimate before launch | ${estimate.usd:.5f} ({estimate.assumption}) |",
-        f"| job | `{job.job_id}` {job.state} |",
+        f"| job | `{job.job_id}` {job.state}: {job.message} |",
         f"| attempts | {len(job.attempts)} ({job.preemptions} preemption(s) survived) |",
         f"| steps | {summary.steps if summary else None} of {summary.total_steps if summary else None} "
         f"({summary.epochs if summary else None} epochs) |",
@@ -107,7 +108,8 @@ def report(config: RunConfig, prep: PrepResult, smoke: SmokeResult, estimate: Es
     store = open_store(config.store)
     metrics = read_metrics(store, run_id)
     attempts = read_attempts(store, run_id)  # every job of this run: a resumed run's earlier spend counts
-    figures = savings.breakdown(run_id, attempts, job.summary, prep.hit, prep.cold_seconds, metrics)
+    state = job.summary.status if job.end == "succeeded" and job.summary else job.end
+    figures = savings.breakdown(run_id, attempts, job.summary, prep.hit, prep.cold_seconds, metrics, state)
     savings.write(store, figures)
 
     chart = loss_and_spend_chart(metrics, attempts)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
+from tasks.errors import fails_quietly
 from thrifty.config import RunConfig
 from thrifty.results import SmokeResult
 from training.smoke import smoke_test
 
 
 @task(name="smoke-test", retries=0)
+@fails_quietly
 def smoke(config: RunConfig, steps: int = 3) -> SmokeResult:
     """A few real optimizer steps, an autocast forward and a checkpoint round trip of the real model."""
     result = smoke_test(config, steps=steps)

@@ -21,7 +21,8 @@ from stores import REPO, child_env
 from thrifty import archive
 from thrifty.archive import ArchiveSettings, Item, Policy, RunFacts
 from thrifty.config import ConfigError
-from thrifty.runs import Attempt, run_key, write_attempts
+from thrifty.ledger import Attempt, write_job_attempts
+from thrifty.runs import run_key
 from thrifty.storage import ObjectInfo, is_cold, open_store
 from training.checkpoint import CheckpointArchived, CheckpointManager
 from training.data import ensure_shards
@@ -43,7 +44,7 @@ def save_run(store, run_id: str, metrics: list[float], running: bool = False) ->
     ckpts = CheckpointManager(store, run_id, keep_last=10)
     for n, metric in enumerate(metrics, 1):
         ckpts.save({"w": torch.full((256,), float(n))}, n * 10, metric)
-    write_attempts(store, run_id, [attempt(1, 1.0, None if running else 2.0)])
+    write_job_attempts(store, run_id, "job-1", [attempt(1, 1.0, None if running else 2.0)])
     if not running:
         store.put_bytes(run_key(run_id, "summary.json"), b'{"steps": 40}')
 
@@ -198,7 +199,7 @@ def test_a_run_that_wakes_up_during_the_pass_is_left_alone(tmp_path):
     save_run(store, "done", [0.5, 0.3, 0.4])
     plan = archive.scan(store, settings(store))
     assert {i.group for i in plan.to_archive} == {"runs/done/ckpt/step-000000010/", "runs/done/ckpt/step-000000030/"}
-    write_attempts(store, "done", [attempt(1, 1.0, 2.0), attempt(2, 3.0, None)])  # resumed meanwhile
+    write_job_attempts(store, "done", "job-1", [attempt(1, 1.0, 2.0), attempt(2, 3.0, None)])  # resumed meanwhile
     out = archive.apply(store, plan)
     assert out.moved == [] and len(out.left_alone) == len(plan.to_archive)
     assert not any(is_cold(o.storage_class) for o in store.list())

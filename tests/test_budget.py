@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from thrifty.budget import AlertState, OverBudgetPlan, Snapshot, due_alerts, estimate_run, gate
+from thrifty.budget import AlertState, Snapshot, due_alerts, snapshot, stop_margin_s, stop_reserve_s
+from thrifty.estimate import OverBudgetPlan, estimate_run, gate, smallest_budget_usd
 from thrifty.config import BudgetConfig, build_config
 
 
@@ -22,7 +23,7 @@ def snap(spend: float, burn: float = 1.0, gpu_hours: float = 0.0, max_usd: float
 
 
 def test_each_threshold_alerts_once_and_cap_is_exceeded():
-    budget = BudgetConfig(max_usd=10.0, thresholds=[0.5, 0.8, 1.0], burn_rate_alert_usd_per_hour=None, stop_margin_s=0)
+    budget = BudgetConfig(max_usd=10.0, thresholds=[0.5, 0.8, 1.0], burn_rate_alert_usd_per_hour=None)
     state = AlertState()
     kinds = []
     for spend in [1, 4.9, 5.0, 5.5, 7.9, 8.2, 8.3, 9.9, 10.0, 10.5]:
@@ -35,11 +36,20 @@ def test_each_threshold_alerts_once_and_cap_is_exceeded():
     assert kinds[9] == [("exceeded", None)]  # the cap keeps saying stop; thresholds never repeat
 
 
-def test_cap_leaves_a_margin_for_the_graceful_stop():
-    budget = BudgetConfig(max_usd=10.0, thresholds=[1.0], burn_rate_alert_usd_per_hour=None, stop_margin_s=600)
-    # burning $36/h, 600 s of margin is $6: stop at $4 spent, not at $10
-    assert [a.kind for a in due_alerts(snap(3.9, burn=36.0), budget, AlertState(), "r", 0.0)] == []
-    assert [a.kind for a in due_alerts(snap(4.1, burn=36.0), budget, AlertState(), "r", 0.0)] == ["exceeded"]
+def test_cap_holds_back_the_reserve_at_the_planned_rate_between_attempts():
+    budget = BudgetConfig(max_usd=10.0, thresholds=[1.0], burn_rate_alert_usd_per_hour=None)
+    # burning $36/h, 600 s of reserve is $6: stop at $4 spent, not at $10
+    assert [a.kind for a in due_alerts(snap(3.9, burn=36.0), budget, AlertState(), "r", 0.0, 600)] == []
+    assert [a.kind for a in due_alerts(snap(4.1, burn=36.0), budget, AlertState(), "r", 0.0, 600)] == ["exceeded"]
+    # between two attempts nothing burns, but the next one will at the planned rate: the reserve still counts
+    assert [a.kind for a in due_alerts(snap(4.1, burn=0.0), budget, AlertState(), "r", 0.0, 600, 36.0)] == ["exceeded"]
+
+
+def test_the_reserve_is_a_poll_interval_plus_the_stop_margin():
+    local = build_config({"budget": {"max_usd": 1.0}})
+    assert stop_margin_s(local) == 30.0 and stop_reserve_s(local, 5.0) == 35.0
+    cloud = build_config({"compute": {"launcher": "skypilot"}, "budget": {"stop_margin_s": 300}})
+    assert stop_reserve_s(cloud, 10.0) == 310.0
 
 
 def test_thresholds_of_a_larger_budget_alert_again():
@@ -63,14 +73,87 @@ def test_gpu_hour_cap():
     assert [a.kind for a in alerts] == ["exceeded"] and "GPU-hour" in alerts[0].message
 
 
+def test_projection_uses_the_estimate_until_throughput_is_measured():
+    from thrifty.ledger import Attempt
+
+    running = [Attempt("j", 1, "aws", "local", "g5.xlarge", True, 3.6, 1, started_unix=0.0)]
+    budget = BudgetConfig(max_usd=1.0)
+    # 10 s in at $3.6/h = $0.01 spent; the estimate says 1000 steps of 0.5 s are left: $0.50 more
+    early = snapshot(running, {"step": 0}, None, budget, 1, now=10.0, estimated_step_s=0.5 * 1000 / 1000,
+                     planned_usd_per_hour=3.6)
+    assert early.projected_usd == pytest.approx(0.01, abs=1e-9), "no steps known yet: nothing to project from"
+    early = snapshot(running, {"step": 0, "estimated_steps": 1000}, None, budget, 1, now=10.0, estimated_step_s=0.5,
+                     planned_usd_per_hour=3.6)
+    assert early.projected_usd == pytest.approx(0.01 + 0.5) and not early.measured
+    measured = snapshot(running, {"step": 500, "total_steps": 1000}, 100.0, budget, 1, now=10.0)
+    assert measured.projected_usd == pytest.approx(0.01 + 5 / 3600 * 3.6) and measured.measured
+
+
 def test_gate_refuses_an_over_budget_plan_and_says_what_to_change():
-    est = estimate_run(10_000, 0.001, 32, usd_per_hour=1.0, nodes=1, accelerator="A10G:1", launcher="skypilot")
+    est = estimate_run(1_000_000, 0.001, 32, usd_per_hour=1.0, nodes=1, accelerator="A10G:1", launcher="skypilot")
     assert est.hours > 0 and "16x per A10G" in est.assumption
     with pytest.raises(OverBudgetPlan) as err:
-        gate(est, BudgetConfig(max_usd=0.01))
-    for hint in ("estimated cost", "budget.max_usd", "train.max_epochs", "allow_over_budget"):
+        gate(est, 0.5, False, 250.0, "auto")
+    for hint in ("estimated cost", "budget.max_usd", "train.max_epochs", "allow_over_budget", "held back"):
         assert hint in str(err.value)
-    gate(est, BudgetConfig(max_usd=0.01, allow_over_budget=True))  # the user's override
+    gate(est, 0.5, True, 250.0, "auto")  # the user's override: the cap still stops it
+
+
+def test_gate_refuses_a_budget_that_cannot_buy_one_checkpoint_even_when_allowed_over():
+    """Issue 9.1: p4d.24xlarge spot ($11.57/h) with $0.05: 35 s of reserve alone costs $0.11."""
+    est = estimate_run(300, 0.0001, 64, usd_per_hour=11.57, nodes=1, accelerator=None, launcher="local")
+    smallest, why = smallest_budget_usd(est, 35.0, "auto")
+    assert smallest == pytest.approx((5.0 + 10 * est.step_s + 35.0) / 3600 * 11.57)
+    for allowed in (False, True):
+        with pytest.raises(OverBudgetPlan) as err:
+            gate(est, 0.05, allowed, 35.0, "auto")
+        assert f"${smallest:.4f}" in str(err.value) and "cannot buy a single checkpoint" in str(err.value)
+        assert "35 s held back" in str(err.value)
+    gate(est, smallest * 1.01, True, 35.0, "auto")
+    # what the run spent before counts: the same budget is too small for a run that already spent most of it
+    with pytest.raises(OverBudgetPlan, match="already spent"):
+        gate(est, smallest * 1.01, True, 35.0, "auto", spent_usd=0.05)
+
+
+def test_ledger_closes_an_attempt_its_watcher_left_open_at_the_nodes_last_sign_of_life():
+    from thrifty.ledger import METER_BEAT_S, Attempt, MeterRecord, reconcile
+
+    def meter(started, last, ended=None, end=None, job="j"):
+        return MeterRecord(job_id=job, started_unix=started, last_unix=last, ended_unix=ended, end=end,
+                           usd_per_hour=3.6, nodes=1, cloud="aws", instance="g5.xlarge", spot=True)
+
+    open_row = Attempt("j", 1, "aws", "local", "g5.xlarge", True, 3.6, 1, started_unix=100.0)
+    # the node stopped itself at the cap at t=400: its watcher died and never closed the row
+    [row] = reconcile([open_row], [meter(100.0, 399.0, 400.0, "budget")], now=10_000.0)
+    assert (row.ended_unix, row.end_reason) == (400.0, "budget")
+    # a node still beating keeps it open; one silent too long ends a beat after its last sign of life
+    assert reconcile([open_row], [meter(100.0, 9_990.0)], now=10_000.0)[0].ended_unix is None
+    [row] = reconcile([open_row], [meter(100.0, 500.0)], now=10_000.0)
+    assert row.ended_unix == 500.0 + METER_BEAT_S and row.end_reason == "lost"
+    # a job the watcher never recorded (the flow died before its first look) is still counted
+    [row] = reconcile([], [meter(100.0, 200.0, 210.0, "finished", job="k")], now=10_000.0)
+    assert (row.job_id, row.started_unix, row.ended_unix) == ("k", 100.0, 210.0)
+
+
+def test_the_node_matches_its_price_or_charges_the_dearest_it_may_be():
+    from thrifty.meter import NodeIdentity, Price, match_price
+
+    prices = [Price("aws", "g5.xlarge", True, 0.302), Price("aws", "g5.xlarge", False, 1.006),
+              Price("gcp", "n1-standard-4+T4", True, 0.18), Price("gcp", "g2-standard-4", True, 0.283)]
+    assert match_price(prices, NodeIdentity("aws", "g5.xlarge", True))[0].usd_per_hour == 0.302
+    assert match_price(prices, NodeIdentity("gcp", "n1-standard-4", True))[0].usd_per_hour == 0.18
+    # spot unknown: the on-demand price (never less than what is billed)
+    price, note = match_price(prices, NodeIdentity("aws", "g5.xlarge", None))
+    assert price.usd_per_hour == 1.006 and "dearest" in note
+    assert match_price(prices, NodeIdentity(None))[0].usd_per_hour == 1.006
+
+
+def test_the_node_wrapper_never_lets_skypilot_restart_a_budget_stop():
+    from thrifty.launchers.notice import exit_code
+    from thrifty.protocol import EXIT_BUDGET
+
+    for notice_seen in (False, True):
+        assert exit_code(EXIT_BUDGET, False, notice_seen, False, False) == 0
 
 
 def test_budget_validation():
@@ -151,6 +234,10 @@ def test_one_alert_per_threshold_crossed(webhook, tmp_path):
 
 def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook, tmp_path, capsys):
     from flows.train_pipeline import train_pipeline
+    from thrifty import savings
+    from thrifty.budget import spend_usd
+    from thrifty.ledger import read_attempts
+    from thrifty.storage import open_store
 
     store = tmp_path / "store"
     cap = 0.12  # ~11 s at ~1 cent a second: training is well under way (start-up takes a few seconds)
@@ -158,24 +245,26 @@ def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook,
     long_run = {"max_epochs": 300, "early_stopping": {"enabled": False}}
     state = train_pipeline(run_config(store, "capped", long_run, max_usd=cap, burn_rate_alert_usd_per_hour=None),
                            poll_s=0.2, return_state=True)
-    assert state.is_failed()
+    assert state.is_failed() and state.name == "StoppedAtCap", state
     assert "stopped at its budget cap" in state.message and "budget.max_usd" in state.message
-    ledger = [json.loads(line) for line in (store / "runs" / "capped" / "ledger.jsonl").read_text().splitlines()]
-    assert [r["end_reason"] for r in ledger] == ["cancelled"]
-    spent = sum((r["ended_unix"] - r["started_unix"]) / 3600 * r["usd_per_hour"] for r in ledger)
-    assert spent <= cap * 1.1, f"spent ${spent:.4f}: the stop margin keeps the overshoot small"
+    attempts = read_attempts(open_store(str(store)), "capped")
+    assert [a.end_reason for a in attempts] in (["cancelled"], ["budget"])  # the watch loop's stop, or the node's
+    spent = spend_usd(attempts)
+    assert spent <= cap, f"spent ${spent:.4f} of a ${cap} cap"
     assert not (store / "runs" / "capped" / "summary.json").exists()
-    ckpts = sorted(p.parent.name for p in (store / "runs" / "capped" / "ckpt").glob("*/COMMIT"))
-    assert ckpts, "the graceful cancel must leave a complete checkpoint"
-    assert any("capped failed: spent $" in m for m in messages(webhook, "capped")), "on_failure hook"
+    ckpts = sorted(int(p.parent.name.split("-")[1]) for p in (store / "runs" / "capped" / "ckpt").glob("*/COMMIT"))
+    assert ckpts, "the stop at the cap must leave a complete checkpoint"
+    assert f"checkpoint at step {ckpts[-1]} is kept" in state.message, "the message names the checkpoint that exists"
+    report = savings.read(open_store(str(store)), "capped")
+    assert report is not None and report.state == "budget" and report.actual_usd == pytest.approx(spent, abs=1e-5)
+    assert any("capped stopped at its budget cap: spent $" in m for m in messages(webhook, "capped")), "on_failure hook"
 
     out = train_pipeline(run_config(store, "capped", max_usd=5.0, burn_rate_alert_usd_per_hour=None), poll_s=0.2)
     summary = out.summary
     assert summary.resumes >= 1 and summary.status in ("completed", "stopped_early")
-    ledger = [json.loads(line) for line in (store / "runs" / "capped" / "ledger.jsonl").read_text().splitlines()]
-    assert [r["end_reason"] for r in ledger] == ["cancelled", "succeeded"]
-    assert out.savings.actual_usd == pytest.approx(sum(
-        (r["ended_unix"] - r["started_unix"]) / 3600 * r["usd_per_hour"] for r in ledger), abs=1e-5)  # figures are rounded to 6 places
+    attempts = read_attempts(open_store(str(store)), "capped")
+    assert [a.end_reason for a in attempts][-1] == "succeeded" and len(attempts) == 2
+    assert out.savings.actual_usd == pytest.approx(spend_usd(attempts), abs=1e-5)  # figures are rounded to 6 places
     assert out.savings.levers_usd["spot"] > 0 and out.savings.naive_usd > out.savings.actual_usd
 
     from thrifty.cli import main
@@ -185,20 +274,65 @@ def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook,
     assert "capped" in printed and "1 run(s): spent $" in printed
 
 
-def test_pre_launch_gate_refuses_over_budget_plan(prefect_harness, tmp_path):
+def test_pre_launch_gate_refuses_a_budget_that_cannot_buy_one_checkpoint(prefect_harness, tmp_path):
+    """Issue 9.1: digits on an emulated p4d.24xlarge ($11.57/h spot) with $0.05 and allow_over_budget."""
     from flows.train_pipeline import train_pipeline
 
     store = tmp_path / "store"
-    cfg = run_config(store, "gated", max_usd=0.001, allow_over_budget=False)
-    state = train_pipeline(cfg, return_state=True)
-    assert state.is_failed() and "OverBudgetPlan" in state.message and "estimated cost" in state.message
-    assert not (store / "runs" / "gated" / "ledger.jsonl").exists(), "nothing launched"
+    cfg = build_config({"run_name": "gated", "recipe": "digits", "store": str(store),
+                        "compute": {"emulate": "aws:p4d.24xlarge"}, "budget": {"max_usd": 0.05,
+                                                                               "allow_over_budget": True}})
+    state = train_pipeline(cfg, poll_s=5.0, return_state=True)
+    assert state.is_failed() and state.name == "BadInput", state
+    assert "OverBudgetPlan" in state.message and "cannot buy a single checkpoint" in state.message
+    assert "the smallest budget that can make progress is $0.1" in state.message  # 35 s held back alone is $0.11
+    assert "Traceback" not in state.message
+    assert not (store / "runs" / "gated").exists(), "nothing launched, nothing recorded"
+
+
+def test_a_job_that_finished_is_never_called_over_budget(prefect_harness, tmp_path):
+    """The job's status is read before the money: a job that SUCCEEDED past the cap is reported as finished."""
+    import time as _time
+
+    from prefect import flow, get_run_logger
+
+    from tasks.alerts import BudgetGuard
+    from tasks.launch import watch
+    from thrifty.launchers import JobState, JobStatus
+    from thrifty.ledger import Attempt
+    from thrifty.runs import BestMetric, RunSummary, write_summary
+    from thrifty.storage import open_store
+
+    cfg = run_config(tmp_path / "store", "done-late", max_usd=0.01)
+    store = open_store(cfg.store)
+    since = _time.time()
+    write_summary(store, RunSummary(run_id="done-late", recipe="digits", status="completed", steps=10, total_steps=10,
+                                    epochs=1.0, stopped_early=False, best_metric=BestMetric(name="val_loss", value=1.0,
+                                    step=10, checkpoint_step=10), wall_time_s=1.0, data_wait_fraction=0.0,
+                                    checkpoint_time_fraction=0.0, checkpoints_written=1, resumes=0, precision="fp32",
+                                    device="cpu", world_size=1, cache_key="k", weights_sha256="0" * 64))
+
+    class Finished:  # its one attempt cost $39 (an hour of p5 spot): far past the cap, but it has ended
+        def status(self, job_id):
+            return JobStatus(job_id, JobState.SUCCEEDED, [Attempt(job_id, 1, "aws", "local", "p5.48xlarge", True,
+                                                                  39.33, 1, since - 3600, since, "succeeded", 0)])
+
+        def cancel(self, job_id, deadline_s=None):
+            raise AssertionError("a job that has ended is never stopped")
+
+    @flow
+    def watch_it():
+        guard = BudgetGuard(cfg, store, "done-late", get_run_logger(), None, 0.1)
+        return watch(cfg, store, Finished(), "j-1", guard, [], since, 0.1, False, get_run_logger())
+
+    out = watch_it()
+    assert out.end == "succeeded" and out.summary is not None and "budget" not in out.message
 
 
 def test_crash_hook_posts_final_cost(webhook, tmp_path, monkeypatch):
     import flows.train_pipeline as pipeline
 
-    def crash(config):
+    def crash(config, **_):
         raise SystemExit("the flow process was told to exit")
 
     monkeypatch.setattr(pipeline, "smoke", crash)
@@ -210,19 +344,26 @@ def test_crash_hook_posts_final_cost(webhook, tmp_path, monkeypatch):
 
 def test_automations_file_loads_on_a_real_server(webhook):
     from prefect.client.orchestration import get_client
+    from prefect.events.schemas.automations import AutomationCore
 
     from deployments.automations import install
 
     async def go():
-        async with get_client() as client:
+        async with get_client() as client:  # an install by an earlier version: its cut-off raced the graceful stop
+            await client.create_automation(AutomationCore.model_validate({
+                "name": "thrifty-budget-cutoff", "trigger": {"type": "event", "expect": ["thrifty.budget.exceeded"]},
+                "actions": [{"type": "cancel-flow-run", "source": "inferred"}]}))
             names = await install(client, notify_block="custom-webhook/thrifty-test")
             again = await install(client, notify_block="custom-webhook/thrifty-test")  # idempotent
             stored = {a.name: a for a in await client.read_automations()}
             return names, again, stored
 
     names, again, stored = asyncio.run(go())
-    assert names == again == ["thrifty-budget-cutoff", "thrifty-run-failed"]
-    assert stored["thrifty-budget-cutoff"].trigger.expect == {"thrifty.budget.exceeded"}
-    assert stored["thrifty-budget-cutoff"].actions[0].type == "cancel-flow-run"
+    assert names == again == ["thrifty-budget-backstop", "thrifty-run-failed"]
+    assert "thrifty-budget-cutoff" not in stored, "the retired cut-off is removed"
+    backstop = stored["thrifty-budget-backstop"].trigger
+    assert backstop.posture == "Proactive" and backstop.after == {"thrifty.budget.exceeded"}
+    assert backstop.expect == {"thrifty.budget.stopped"} and backstop.within.total_seconds() >= 300
+    assert stored["thrifty-budget-backstop"].actions[0].type == "cancel-flow-run"
     assert stored["thrifty-run-failed"].actions[0].type == "send-notification"
-    assert len([a for a in stored.values() if a.name == "thrifty-budget-cutoff"]) == 1
+    assert len([a for a in stored.values() if a.name == "thrifty-budget-backstop"]) == 1

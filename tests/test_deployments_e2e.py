@@ -26,6 +26,8 @@ from deployments.deploy import WORK_POOL, WORK_POOL_TYPE
 from conftest import REPO, python_env
 from thrifty.archive import build_settings
 from thrifty.config import build_config
+from thrifty.ledger import read_attempts
+from thrifty.storage import open_store
 
 BIN = Path(sys.executable).parent
 SPEC = yaml.safe_load((REPO / "prefect.yaml").read_text())
@@ -244,7 +246,7 @@ def test_deployments_registered_on_the_server(deployed):
         train = client.read_deployment_by_name("thrifty-train/train")
         nightly = client.read_deployment_by_name("thrifty-train/nightly-retrain")
         weekly = client.read_deployment_by_name("thrifty-archive/weekly-archive")
-        cutoff = client.read_automations_by_name("thrifty-budget-cutoff")
+        backstop = client.read_automations_by_name("thrifty-budget-backstop")
     assert pool.type == WORK_POOL_TYPE
     # no pull section in prefect.yaml: `prefect deploy` recorded the directory it ran in
     assert train.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
@@ -260,8 +262,10 @@ def test_deployments_registered_on_the_server(deployed):
     assert (schedule.schedule.cron, schedule.schedule.timezone) == (WEEKLY_CRON, NIGHTLY_TZ)
     assert weekly.work_pool_name == WORK_POOL and weekly.parameters["dry_run"] is False
     assert train.enforce_parameter_schema and nightly.enforce_parameter_schema
-    # thrifty deploy installed the budget cut-off automation (the failure alert needs a notification block)
-    assert len(cutoff) == 1 and cutoff[0].actions[0].type == "cancel-flow-run"
+    # thrifty deploy installed the budget backstop (the failure alert needs a notification block): proactive, so it
+    # only acts for a watch loop that said "exceeded" and never "stopped"
+    assert len(backstop) == 1 and backstop[0].actions[0].type == "cancel-flow-run"
+    assert backstop[0].trigger.posture == "Proactive" and backstop[0].trigger.expect == {"thrifty.budget.stopped"}
 
 
 @pytest.mark.slow
@@ -309,6 +313,40 @@ def test_train_deployment_runs_on_a_worker_and_survives_a_preemption(deployed, w
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumes"] == 1
     assert 0.0 <= summary["final_metrics"]["val_accuracy"] <= 1.0
-    rows = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    rows = [a.row() for a in read_attempts(open_store(str(store)), run_name)]
     assert [r["end_reason"] for r in rows] == ["preempted", "succeeded"]
     assert sorted(p.name for p in (run_dir / "logs").glob("*/attempt-*.log")) == ["attempt-1.log", "attempt-2.log"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_deployed_run_stopped_at_its_cap_ends_failed_with_its_report(deployed, worker, tmp_path):
+    """Issue 9.2/9.3: deployed (poll_s 5, automations installed), a capped run is stopped by its own watch loop,
+    reported, and ends Failed ('StoppedAtCap') under its cap; the backstop automation never cancels it."""
+    from thrifty import savings
+    from thrifty.budget import spend_usd
+
+    run_name, store, cap = f"capped-{uuid.uuid4().hex[:8]}", tmp_path / "store", 0.25
+    config = {"run_name": run_name, "recipe": "digits", "store": str(store), "recipe_params": {"hidden": 512},
+              "train": {"max_epochs": 300, "micro_batch": 16, "precision": "fp32", "checkpoint_every": 25,
+                        "early_stopping": {"enabled": False}},
+              "compute": {"emulate": "aws:p5.48xlarge"},  # ~1.1 cents a second
+              "budget": {"max_usd": cap, "allow_over_budget": True, "stop_margin_s": 3}}
+    out = deployed.run(str(BIN / "prefect"), "deployment", "run", "thrifty-train/train",
+                       "--param", f"config={json.dumps(config)}")  # the deployment's poll_s: 5 s
+    assert out.returncode == 0, f"prefect deployment run failed:\n{out.stdout}\n{out.stderr}"
+    flow_run_id = re.search(r"UUID: ([0-9a-f\-]{36})", out.stdout).group(1)
+    deadline = time.monotonic() + 240
+    with deployed.client() as client:
+        while not ((flow_run := client.read_flow_run(flow_run_id)).state and flow_run.state.is_final()):
+            assert time.monotonic() < deadline, f"still {flow_run.state_name}:\n{tail(deployed.home / 'worker.log')}"
+            time.sleep(1.0)
+    assert flow_run.state.type.value == "FAILED" and flow_run.state_name == "StoppedAtCap", \
+        f"{flow_run.state_name}: {flow_run.state.message}\n{tail(deployed.home / 'worker.log')}"
+    assert "stopped at its budget cap" in flow_run.state.message and "checkpoint at step" in flow_run.state.message
+    s = open_store(str(store))
+    spent = spend_usd(read_attempts(s, run_name))
+    assert spent <= cap, f"spent ${spent:.4f} of ${cap}"
+    report = savings.read(s, run_name)
+    assert report is not None and report.state == "budget"
+

@@ -222,3 +222,27 @@ def test_lease_module_imports_neither_torch_nor_prefect():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
     assert ENV_LEASE_TOKEN == "THRIFTY_LEASE_TOKEN"
+
+
+def test_a_holder_killed_on_this_machine_frees_the_lease_at_once(tmp_path):
+    """kill -9 of a `thrifty train` and an immediate restart: the lease names a process that is gone."""
+    import signal
+
+
+    store_dir = tmp_path / "store"
+    code = ("import time\nfrom thrifty import lease\nfrom thrifty.storage import open_store\n"
+            f"lease.acquire(open_store({str(store_dir)!r}), 'r', 'a doomed holder')\nprint('held', flush=True)\n"
+            "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        store = open_store(str(store_dir))
+        with pytest.raises(LeaseHeld, match="a doomed holder"):
+            acquire(store, "r", "second")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        held = acquire(store, "r", "second")  # no waiting out the ttl: its holder is gone
+        assert read(store, "r").token == held.token
+    finally:
+        proc.kill()

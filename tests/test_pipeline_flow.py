@@ -25,7 +25,10 @@ def config(store: Path, run_name: str, **compute):
 
 
 def ledger(store: Path, run_name: str) -> list[dict]:
-    return [json.loads(line) for line in (store / "runs" / run_name / "ledger.jsonl").read_text().splitlines()]
+    from thrifty.ledger import read_attempts
+    from thrifty.storage import open_store
+
+    return [a.row() for a in read_attempts(open_store(str(store)), run_name)]
 
 
 async def _artifact(key: str):

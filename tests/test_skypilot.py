@@ -22,7 +22,8 @@ from thrifty.config import ConfigError, build_config, config_from_env
 from thrifty.launchers import JobState, make_launcher
 from thrifty.launchers.notice import EXIT_RESUMABLE, STOP_KEY, STOPPED_KEY
 from thrifty.launchers import skypilot as sp
-from thrifty.runs import run_key, write_attempts
+from thrifty.ledger import write_job_attempts
+from thrifty.runs import run_key
 from thrifty.storage import open_store
 
 sky = pytest.importorskip("sky", reason="SkyPilot is part of the [cloud] extra that `make install` installs")
@@ -396,7 +397,7 @@ def test_status_follows_a_preemption_into_ledger_rows(fake, tmp_path):
     assert st.attempts[0].row()["task_id"] == first.task_id  # ledger rows carry SKYPILOT_TASK_ID
 
     # a watcher that restarts picks up the history from the run's ledger
-    write_attempts(open_store(cfg.store), "cloud-run", st.attempts)
+    write_job_attempts(open_store(cfg.store), "cloud-run", job, st.attempts)
     again = sp.SkyPilotLauncher(cfg)
     assert [a.instance for a in again.status(job).attempts] == ["g5.xlarge", "g2-standard-4"]
 

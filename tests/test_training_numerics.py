@@ -174,6 +174,21 @@ def test_auto_precision_on_cpu_is_fp32(tmp_path):
     assert summary_file["precision"] == "fp32"
 
 
+@pytest.mark.parametrize("capability, expected", [
+    ((7, 5), "fp16"),  # T4: torch.cuda.is_bf16_supported() says True (emulated), but it has no bf16 tensor cores
+    ((7, 0), "fp16"),  # V100
+    ((6, 1), "fp16"),  # P4 / P40
+    ((8, 0), "bf16"),  # A100
+    ((8, 6), "bf16"),  # A10G
+    ((8, 9), "bf16"),  # L4
+    ((9, 0), "bf16"),  # H100
+])
+def test_auto_precision_is_decided_by_compute_capability(capability, expected):
+    from training.runtime import auto_precision
+
+    assert auto_precision(capability) == expected
+
+
 # ---------------------------------------------------------------- early stopping in a run
 
 

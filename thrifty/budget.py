@@ -1,9 +1,14 @@
-"""Spend, burn rate, projection and alert decisions: pure functions of a cost ledger and a clock.
+"""Spend, burn rate, projection, the stop reserve and alert decisions: pure functions of a cost ledger and a clock.
 
-The launch task feeds it ledger rows (one per attempt) and training progress; it answers
-what has been spent, what is burning now, where the run is heading, and which alerts are
-due. Alert state (what already fired) is plain data the caller persists with the run, so
-each threshold alerts once per run, across restarts of the watcher.
+The launch task feeds it ledger rows (one per attempt) and training progress; it answers what
+has been spent, what is burning now, where the run is heading, and which alerts are due. Alert
+state (what already fired) is plain data the caller persists with the run, so each threshold
+alerts once per run, across restarts of the watcher.
+
+The cap rule, shared by the pre-launch gate (``thrifty.estimate``), the watch loop and the node
+(``thrifty.meter``): a job is stopped while ``spend + burn x reserve <= max_usd``, where the
+reserve covers everything billed after the decision: until the next look (one poll interval)
+and the stop itself (``stop_margin_s``, after which the stop is made a hard one).
 """
 
 from __future__ import annotations
@@ -12,26 +17,27 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from thrifty.config import BudgetConfig, RunConfig
+from thrifty.ledger import Attempt
 from thrifty.pricing import find_instance
-from thrifty.runs import Attempt
 
-# Assumed throughput of one accelerator relative to this project's CPU smoke test (same code,
-# same batch). Rough public-benchmark ratios for small transformer/MLP training; they only
-# set the pre-launch estimate, and the report states that they were assumed.
-GPU_SPEEDUP_VS_CPU = {"T4": 8.0, "L4": 14.0, "A10G": 16.0, "A10": 16.0, "V100": 20.0, "A100": 45.0, "H100": 80.0}
-FP32_SLOWDOWN_ON_GPU = 2.0  # assumed: fp32 takes this much longer than bf16/fp16 autocast on a GPU
-PROVISIONING_S = {"local": 5.0, "skypilot": 300.0}  # assumed start-up time billed before training
+STOP_MARGIN_DEFAULT_S = {"local": 30.0, "skypilot": 240.0}  # budget.stop_margin_s when null
+TEARDOWN_S = {"local": 2.0, "skypilot": 90.0}  # assumed: billed after the trainer exits, until the nodes are gone
 
 
 class BudgetExceeded(RuntimeError):
-    """The run hit its hard cap and was stopped gracefully (its checkpoint is kept)."""
+    """The run hit its hard cap and was stopped (with a checkpoint when one could be written)."""
 
 
-class OverBudgetPlan(ValueError):
-    """The pre-launch estimate exceeds the budget."""
+def stop_margin_s(cfg: RunConfig) -> float:
+    """The longest a stop at the cap may take, this launcher's default unless set."""
+    m = cfg.budget.stop_margin_s
+    return STOP_MARGIN_DEFAULT_S[cfg.compute.launcher] if m is None else m
+
+
+def stop_reserve_s(cfg: RunConfig, poll_s: float) -> float:
+    """Seconds of burn the watch loop holds back below the cap: one look's gap plus the stop itself."""
+    return poll_s + stop_margin_s(cfg)
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class Snapshot:
     projected_usd: float  # spend + burn x estimated remaining time
     remaining_s: float | None
     fraction: float  # spend / max_usd
+    measured: bool = False  # the projection comes from measured throughput (else from the pre-launch estimate)
 
 
 def accelerator_count(accelerator: str) -> int:
@@ -76,22 +83,33 @@ def gpu_hours(attempts: list[Attempt], gpus_per_node: int, now: float) -> float:
     return sum(a.hours(now) * a.nodes * gpus_per_node for a in attempts)
 
 
-def remaining_seconds(progress: dict[str, Any], steps_per_s: float | None) -> float | None:
-    """Time left from measured throughput and remaining steps; None until throughput is known."""
-    step, total = progress.get("step"), progress.get("total_steps")
-    if step is None or not total or not steps_per_s:
-        return None
-    return max(0, total - step) / steps_per_s
+def remaining_seconds(progress: dict[str, Any], steps_per_s: float | None,
+                      estimated_step_s: float | None = None) -> tuple[float | None, bool]:
+    """Time left, and whether it was measured: from measured throughput when known, else from the pre-launch
+    estimate's seconds per step (None when neither is known)."""
+    step = progress.get("step") or 0
+    total = progress.get("total_steps") or progress.get("estimated_steps")
+    if not total:
+        return None, False
+    if steps_per_s and progress.get("total_steps"):
+        return max(0, total - step) / steps_per_s, True
+    if estimated_step_s is not None:
+        return max(0, int(total) - step) * estimated_step_s, False
+    return None, False
 
 
 def snapshot(attempts: list[Attempt], progress: dict[str, Any], steps_per_s: float | None,
-             budget: BudgetConfig, gpus_per_node: int, now: float | None = None) -> Snapshot:
+             budget: BudgetConfig, gpus_per_node: int, now: float | None = None,
+             estimated_step_s: float | None = None, planned_usd_per_hour: float = 0.0) -> Snapshot:
+    """Where the money stands. Until throughput is measured the projection uses the estimate, at the burn of
+    the running attempts or, before one runs, the rate the job was planned at."""
     now = time.time() if now is None else now
     spent = spend_usd(attempts, now)
     burn = burn_rate_usd_per_hour(attempts)
-    left = remaining_seconds(progress, steps_per_s)
-    projected = spent + burn * (left or 0.0) / 3600.0
-    return Snapshot(spent, burn, gpu_hours(attempts, gpus_per_node, now), projected, left, spent / budget.max_usd)
+    left, measured = remaining_seconds(progress, steps_per_s, estimated_step_s)
+    projected = spent + max(burn, planned_usd_per_hour) * (left or 0.0) / 3600.0
+    return Snapshot(spent, burn, gpu_hours(attempts, gpus_per_node, now), projected, left, spent / budget.max_usd,
+                    measured)
 
 
 @dataclass
@@ -109,20 +127,27 @@ class AlertState:
     last_burn_alert_unix: float | None = None
 
 
+def over_cap(spend: float, burn_usd_per_hour: float, reserve_s: float, max_usd: float) -> bool:
+    """The cap rule: stop once what is spent plus the reserve's burn reaches the cap."""
+    return spend + burn_usd_per_hour * reserve_s / 3600.0 >= max_usd
+
+
 def due_alerts(snap: Snapshot, budget: BudgetConfig, state: AlertState, run_id: str,
-               now: float | None = None) -> list[Alert]:
-    """The alerts to send now, updating ``state``. The cap itself is the 'exceeded' alert."""
+               now: float | None = None, reserve_s: float = 0.0, reserve_burn: float | None = None) -> list[Alert]:
+    """The alerts to send now, updating ``state``. The cap itself is the 'exceeded' alert: due once spend plus
+    ``reserve_s`` of burn (``reserve_burn`` $/h, default the current burn) reaches it."""
     now = time.time() if now is None else now
     base = {"run_id": run_id, "spend_usd": round(snap.spend_usd, 6), "projected_usd": round(snap.projected_usd, 6),
             "burn_usd_per_hour": round(snap.burn_usd_per_hour, 4), "max_usd": budget.max_usd,
             "gpu_hours": round(snap.gpu_hours, 6)}
+    projection = "projected" if snap.measured else "estimated"
     out: list[Alert] = []
     for t in budget.thresholds:
         key = f"threshold:{t}@{budget.max_usd}"  # a new budget (a resumed run) has thresholds of its own
         if snap.fraction >= t and key not in state.fired:
             state.fired.append(key)
             out.append(Alert("threshold", f"run {run_id} has spent ${snap.spend_usd:.4f}, {t:.0%} of its "
-                                          f"${budget.max_usd:g} budget (projected ${snap.projected_usd:.4f})",
+                                          f"${budget.max_usd:g} budget ({projection} ${snap.projected_usd:.4f})",
                              {**base, "threshold": t}))
     rate = budget.burn_rate_alert_usd_per_hour
     if rate is not None and snap.burn_usd_per_hour > rate and (
@@ -130,55 +155,10 @@ def due_alerts(snap: Snapshot, budget: BudgetConfig, state: AlertState, run_id: 
         state.last_burn_alert_unix = now
         out.append(Alert("burn_rate", f"run {run_id} burns ${snap.burn_usd_per_hour:.2f}/hour, above the "
                                       f"${rate:g}/hour alert level", {**base, "alert_usd_per_hour": rate}))
-    # stop early enough that checkpointing and teardown (stop_margin_s of burn) still fit under the cap
-    margin_usd = snap.burn_usd_per_hour * budget.stop_margin_s / 3600.0
+    burn = snap.burn_usd_per_hour if reserve_burn is None else max(reserve_burn, snap.burn_usd_per_hour)
     over_gpu = budget.max_gpu_hours is not None and snap.gpu_hours >= budget.max_gpu_hours
-    if snap.spend_usd + margin_usd >= budget.max_usd or over_gpu:
-        what = (f"${snap.spend_usd:.4f} of its ${budget.max_usd:g} cap" if not over_gpu
-                else f"{snap.gpu_hours:.3f} of its {budget.max_gpu_hours:g} GPU-hour cap")
-        out.append(Alert("exceeded", f"run {run_id} reached {what}; stopping it gracefully", base))
+    if over_cap(snap.spend_usd, burn, reserve_s, budget.max_usd) or over_gpu:
+        what = (f"${snap.spend_usd:.4f} of its ${budget.max_usd:g} cap (holding back {reserve_s:.0f} s of burn to "
+                "stop in)" if not over_gpu else f"{snap.gpu_hours:.3f} of its {budget.max_gpu_hours:g} GPU-hour cap")
+        out.append(Alert("exceeded", f"run {run_id} reached {what}; stopping it", {**base, "reserve_s": reserve_s}))
     return out
-
-
-class Estimate(BaseModel):
-    """The pre-launch cost estimate of a run, and how it was made."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    usd: float
-    hours: float
-    steps: int
-    usd_per_hour: float
-    assumption: str
-    price_source: str = ""
-
-
-def estimate_run(total_steps: int, cpu_seconds_per_example: float, examples_per_step: int, usd_per_hour: float,
-                 nodes: int, accelerator: str | None, launcher: str, price_source: str = "") -> Estimate:
-    """Cost of ``total_steps`` from the smoke test's CPU speed scaled to the target accelerator (stated)."""
-    if accelerator is None:  # the local launcher trains on this CPU: no scaling
-        speedup, how = 1.0, "the run trains on this machine's CPU at the smoke test's measured speed"
-    else:
-        name, count = accelerator.partition(":")[0], accelerator_count(accelerator)
-        per_gpu = GPU_SPEEDUP_VS_CPU.get(name)
-        if per_gpu is None:
-            raise OverBudgetPlan(f"no throughput assumption for accelerator {name!r}; known: "
-                                 f"{', '.join(GPU_SPEEDUP_VS_CPU)}")
-        speedup = per_gpu * count * nodes
-        how = f"the smoke test's CPU step time scaled by an assumed {per_gpu:g}x per {name} x {count * nodes} GPU(s)"
-    seconds = total_steps * examples_per_step * cpu_seconds_per_example / speedup + PROVISIONING_S[launcher]
-    hours = seconds / 3600.0
-    return Estimate(usd=hours * usd_per_hour * nodes, hours=hours, steps=total_steps, usd_per_hour=usd_per_hour * nodes,
-                    assumption=f"{how}, plus {PROVISIONING_S[launcher]:g} s of start-up", price_source=price_source)
-
-
-def gate(estimate: Estimate, budget: BudgetConfig) -> None:
-    """Refuse a plan whose estimate exceeds the budget, saying what to change."""
-    if estimate.usd <= budget.max_usd or budget.allow_over_budget:
-        return
-    raise OverBudgetPlan(
-        f"estimated cost ${estimate.usd:.4f} ({estimate.steps} steps, {estimate.hours:.3f} h at "
-        f"${estimate.usd_per_hour:.3f}/h; {estimate.assumption}) exceeds budget.max_usd ${budget.max_usd:g}. "
-        "Raise budget.max_usd, train fewer steps (train.max_epochs / train.max_steps), pick a cheaper instance, "
-        "or set budget.allow_over_budget=true to launch anyway (the hard cap still stops the run)."
-    )

@@ -11,6 +11,7 @@ listed, never read. No torch here: the archiver and reports list checkpoints wit
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from typing import Any
 from thrifty.config import ConfigError
 from thrifty.runs import run_key
 from thrifty.storage import Archived, NotFound, Store, is_cold, join_key
+
+log = logging.getLogger("thrifty.checkpoint")
 
 COMMIT = "COMMIT"  # the commit record, written last
 STATE = "state.pt"  # the checkpoint's data
@@ -77,7 +80,15 @@ def committed(store: Store, run_id: str) -> list[CheckpointInfo]:
             commit = None if is_cold(obj.storage_class) else json.loads(store.get_bytes(obj.key))
         except Archived:  # archived since the listing
             commit = None
-        except (NotFound, json.JSONDecodeError):
+        except NotFound:  # pruned since the listing
+            continue
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            log.warning("checkpoint at step %d has a damaged commit record (%s, not JSON); it is not used", step,
+                        obj.key)
+            continue
+        if commit is not None and not isinstance(commit, dict):
+            log.warning("checkpoint at step %d has a commit record that is not a JSON object (%s); it is not used",
+                        step, obj.key)
             continue
         out.append(CheckpointInfo(step, parent, commit or {}, archived=commit is None))
     return sorted(out, key=lambda c: c.step)

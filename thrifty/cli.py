@@ -78,16 +78,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     cfg = resolved_config(args)
     rows = savings.table(savings.read_all(open_store(cfg.store)))
     if not rows:
-        print(f"no finished runs with a savings report in {cfg.store}", file=sys.stderr)
+        print(f"no runs with spend in {cfg.store}", file=sys.stderr)
         return EXIT_OK
     table = Table(title=f"Savings in {cfg.store}")
     for col in rows[0]:
-        table.add_column(col, justify="left" if col in ("run", "saved") else "right", no_wrap=col == "run")
+        table.add_column(col, justify="left" if col in ("run", "state", "saved") else "right", no_wrap=col == "run")
     for row in rows:
         table.add_row(*[f"{v:.5f}" if isinstance(v, float) else str(v) for v in row.values()])
     total_actual = sum(r["actual_usd"] for r in rows)
     total_naive = sum(r["naive_usd"] for r in rows)
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)  # piped or captured: no clipped figures
     print(f"{len(rows)} run(s): spent ${total_actual:.4f}, the naive way ${total_naive:.4f}, "
           f"saved ${total_naive - total_actual:.4f}")
     return EXIT_OK

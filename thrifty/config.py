@@ -14,10 +14,10 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from thrifty.protocol import ENV_CONFIG as ENV_VAR  # the RunConfig as JSON, in the environment of a training node
 
@@ -30,15 +30,38 @@ STORE_SCHEMES = ("file", "s3", "gs", "az")
 
 
 def store_scheme(uri: str) -> str:
-    """The scheme of a store URI (a plain path is file); ValueError for one no Store speaks."""
-    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    """The scheme of a store URI (a plain path is file); ValueError naming the fix for anything no Store speaks."""
+    if not uri.strip():
+        raise ValueError("store is empty; give a path (e.g. .thrifty/store), file://, s3://, gs:// or az://")
+    if "://" not in uri:
+        m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):/?(?!/)", uri)
+        if m and len(m.group(1)) > 1:  # 's3:/bucket/x' or 'gs:bucket': a URI with a slash missing, not a path
+            raise ValueError(f"store {uri!r} looks like a URI with a '//' missing; write it as "
+                             f"{m.group(1)}://{uri[m.end():].lstrip('/')}")
+        return "file"
+    scheme, _, rest = uri.partition("://")
     if scheme not in STORE_SCHEMES:
         raise ValueError(f"unsupported scheme {scheme!r} in store {uri!r}; use a path, file://, s3://, gs:// or az://")
+    if scheme != "file" and not rest.split("/", 1)[0]:
+        what = "container" if scheme == "az" else "bucket"
+        raise ValueError(f"store {uri!r} names no {what}; write it as {scheme}://{what}/prefix")
+    if scheme == "file" and not rest.strip("/"):
+        raise ValueError(f"store {uri!r} names no directory; write it as file:///path/to/store or a plain path")
     return scheme
 
 
+def _check_store(uri: str) -> str:
+    store_scheme(uri)
+    return uri
+
+
+StoreUri = Annotated[str, AfterValidator(_check_store)]  # a store every backend can open: checked where it is read
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    # no inf or nan anywhere: they pass every bound (inf > 0) and turn into training that diverges, a budget
+    # that is never reached, or null on a node (JSON has no inf)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 class EarlyStoppingConfig(_Frozen):
@@ -85,7 +108,7 @@ class TrainConfig(_Frozen):
     )
     log_every: int = Field(10, ge=1, description="Optimizer steps between metric lines (steps).")
     early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
-    seed: int = Field(0, ge=0, description="Seed for weights, data order and dropout (integer).")
+    seed: int = Field(0, ge=0, lt=2**32, description="Seed for weights, data order and dropout (integer, 0 to 2^32-1).")
 
     @field_validator("checkpoint_every")
     @classmethod
@@ -190,9 +213,11 @@ class BudgetConfig(_Frozen):
         default_factory=list,
         description="Prefect notification blocks to alert, as 'block-type/block-name', e.g. 'slack-webhook/ml-alerts'.",
     )
-    stop_margin_s: float = Field(
-        120.0, ge=0.0,
-        description="Stop this many seconds of burn before the cap, leaving time to checkpoint and release the nodes (s).",
+    stop_margin_s: float | None = Field(
+        None, ge=0.0,
+        description="The longest a stop at the cap may take: the job is told to checkpoint this long (plus one poll "
+        "interval) of burn before the cap, and is killed if it has not stopped by then (s). null = the launcher's "
+        "default: 30 s locally, 240 s on SkyPilot (a checkpoint upload, then the VMs torn down).",
     )
     allow_over_budget: bool = Field(
         False, description="Launch even when the pre-launch estimate exceeds max_usd (the hard cap still applies)."
@@ -237,16 +262,10 @@ class RunConfig(_Frozen):
     recipe: str = Field("digits", pattern=RECIPE_PATTERN,
                         description="digits | codelm | 'package.module:function' returning a Recipe.")
     recipe_params: dict[str, Any] = Field(default_factory=dict, description="Recipe options (validated by the recipe).")
-    store: str = Field(".thrifty/store", description="Where shards, checkpoints and ledgers go: a path, file://, s3://, gs://, az://.")
+    store: StoreUri = Field(".thrifty/store", description="Where shards, checkpoints and ledgers go: a path, file://, s3://, gs://, az://.")
     train: TrainConfig = Field(default_factory=TrainConfig)
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
-
-    @field_validator("store")
-    @classmethod
-    def _store(cls, v: str) -> str:
-        store_scheme(v)
-        return v
 
     @field_validator("run_name")
     @classmethod
@@ -345,10 +364,14 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist; pass --config with a YAML or JSON RunConfig")
     try:
-        data = yaml.safe_load(p.read_text()) if p.suffix in (".yaml", ".yml") else json.loads(p.read_text())
+        text = p.read_text()
+        if not text.strip():
+            data = None
+        else:
+            data = yaml.safe_load(text) if p.suffix in (".yaml", ".yml") else json.loads(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise ConfigError(f"config file {str(p)!r} is not valid {'YAML' if p.suffix != '.json' else 'JSON'}: {exc}") from exc
-    if data is None:
+    if data is None:  # an empty file, YAML or JSON alike, means every default (a local run: nothing is rented)
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping of settings at the top level")

@@ -12,12 +12,18 @@ from __future__ import annotations
 EXIT_OK = 0  # finished (or stopped on a signal with its work saved)
 EXIT_FAILED = 1  # a bug or a service failure: worth a restart (up to compute.max_restarts)
 EXIT_BAD_INPUT = 2  # the config or the data needs a change: never worth a restart, never rented for
+EXIT_BUDGET = 3  # stopped itself at the run's budget cap, with a checkpoint: never restarted (the node wrapper
+#                  turns it into 0 for SkyPilot, whose managed jobs retry any other non-zero code)
 EXIT_RESUMABLE = 75  # EX_TEMPFAIL: stopped on a spot notice with a checkpoint, run me again (SkyPilot recover_on_exit_codes)
 
 # ---------------------------------------------------------------- the node's environment
 
 ENV_CONFIG = "THRIFTY_RUN_CONFIG"  # the RunConfig as JSON
-ENV_LEASE_TOKEN = "THRIFTY_LEASE_TOKEN"  # the token of the run's lease (thrifty.lease) held by whoever launched it
+ENV_PRICES = "THRIFTY_PRICES"  # JSON list of the candidates the job may land on, each with its $/hour per node
+ENV_JOB_ID = "THRIFTY_JOB_ID"  # the launcher's job id (SkyPilot nodes derive it from SKYPILOT_MANAGED_JOB_ID)
+ENV_BILLING_START = "THRIFTY_BILLING_START_UNIX"  # when this attempt began to bill (local); cloud nodes use boot time
+ENV_LEASE_TOKEN = "THRIFTY_LEASE_TOKEN"  # the run's lease this job trains under (thrifty.lease)
+SKYPILOT_JOB_PREFIX = "sky-"  # our ids of SkyPilot managed jobs: sky-<managed job id>
 
 # ---------------------------------------------------------------- control objects under runs/<run_id>/
 

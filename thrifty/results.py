@@ -7,10 +7,13 @@ which ``thrifty run`` prints).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
 
-from thrifty.budget import Estimate
-from thrifty.runs import Attempt, RunSummary
+from thrifty.estimate import Estimate
+from thrifty.ledger import Attempt
+from thrifty.runs import RunSummary
 from thrifty.savings import SavingsReport
 
 
@@ -47,8 +50,13 @@ class JobOutcome(_Result):
 
     job_id: str
     state: str  # the launcher's final JobState
+    end: Literal["succeeded", "budget", "failed", "cancelled"]  # budget: stopped at the cap, by the watcher or itself
+    message: str = ""
     attempts: list[Attempt]
-    summary: RunSummary | None = None
+    summary: RunSummary | None = None  # written by this job (a finished run)
+    checkpoint_step: int | None = None  # the newest complete checkpoint when the job ended
+    run_spend_usd: float = 0.0  # every job of the run, this one included
+    reattached: bool = False  # watched a job an earlier flow run had started
 
     @property
     def preemptions(self) -> int:

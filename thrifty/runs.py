@@ -1,49 +1,18 @@
 """Where a run's things live in the store, and readers for them (metrics, summary, the cost ledger).
 
 ``runs/<run_id>/``: ``ckpt/`` (training), ``metrics/<attempt>.jsonl`` (training),
-``summary.json`` (training, when finished), ``ledger.jsonl`` (the launch task: one :class:`Attempt` per row),
-``lease.json`` (:mod:`thrifty.lease`: who is training the run, with a heartbeat).
+``summary.json`` (training, when finished), ``lease.json`` (who watches the run: ``thrifty.lease``);
+the cost ledger is ``thrifty.ledger``'s.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from thrifty.storage import NotFound, Store, StoreError, join_key
-
-
-@dataclass
-class Attempt:
-    """One rented instance's life inside a job: a row of the run's cost ledger."""
-
-    job_id: str
-    number: int  # 1 for the first attempt, +1 per recovery
-    cloud: str
-    region: str
-    instance: str
-    spot: bool
-    usd_per_hour: float  # price of one node
-    nodes: int
-    started_unix: float
-    ended_unix: float | None = None
-    end_reason: str | None = None  # succeeded | preempted | failed | cancelled; None while running
-    exit_code: int | None = None
-    task_id: str | None = None  # SkyPilot's SKYPILOT_TASK_ID (stable across a job's recoveries); None locally
-
-    def hours(self, now: float | None = None) -> float:
-        end = self.ended_unix if self.ended_unix is not None else (now or time.time())
-        return max(0.0, end - self.started_unix) / 3600.0
-
-    def cost_usd(self, now: float | None = None) -> float:
-        return self.hours(now) * self.usd_per_hour * self.nodes
-
-    def row(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class BestMetric(BaseModel):
@@ -110,6 +79,11 @@ def write_summary(store: Store, summary: RunSummary) -> None:
     store.put_bytes(run_key(summary.run_id, "summary.json"), summary.model_dump_json(indent=2).encode())
 
 
+def finished_since(store: Store, run_id: str, since_unix: float) -> bool:
+    """Whether the run's summary was written at or after ``since_unix`` (a job of this watch finished it)."""
+    return any(o.last_modified.timestamp() >= since_unix - 1.0 for o in store.list(run_key(run_id, "summary.json")))
+
+
 def finished_summary(store: Store, run_id: str, training_fingerprint: str) -> RunSummary | None:
     """The run's summary if it already finished training with this fingerprint (nothing left to train), else None."""
     summary = read_summary(store, run_id)
@@ -152,17 +126,3 @@ def latest_progress(records: list[dict[str, Any]]) -> dict[str, Any]:
         elif event in ("checkpoint", "interrupted", "end"):
             out["step"] = max(out.get("step", 0), rec.get("step", rec.get("steps", 0)))
     return out
-
-
-def read_attempts(store: Store, run_id: str) -> list[Attempt]:
-    """Every attempt of every job of the run, as the ledger holds them."""
-    try:
-        text = store.get_bytes(run_key(run_id, "ledger.jsonl")).decode()
-    except NotFound:
-        return []
-    return [Attempt(**json.loads(line)) for line in text.splitlines() if line.strip()]
-
-
-def write_attempts(store: Store, run_id: str, attempts: list[Attempt]) -> None:
-    """Replace the ledger atomically (object stores have no append): all rows, one JSON object a line."""
-    store.put_bytes(run_key(run_id, "ledger.jsonl"), "".join(json.dumps(a.row()) + "\n" for a in attempts).encode())

@@ -11,9 +11,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from thrifty.budget import FP32_SLOWDOWN_ON_GPU, spend_usd
+from thrifty.budget import spend_usd
+from thrifty.estimate import FP32_SLOWDOWN_ON_GPU
 from thrifty.pricing import PricingError, find_instance
-from thrifty.runs import Attempt, RunSummary, run_key
+from thrifty.ledger import Attempt
+from thrifty.runs import RunSummary, run_key
 from thrifty.storage import NotFound, Store
 
 
@@ -50,6 +52,7 @@ class SavingsReport(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     run_id: str
+    state: str = "completed"  # completed | stopped_early | budget | failed | cancelled | running | interrupted
     actual_usd: float
     naive_usd: float
     saved_usd: float
@@ -67,7 +70,8 @@ class SavingsReport(BaseModel):
 
 
 def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, cache_hit: bool,
-              cold_preprocess_s: float, metrics: list[dict[str, Any]]) -> SavingsReport:
+              cold_preprocess_s: float, metrics: list[dict[str, Any]], state: str | None = None) -> SavingsReport:
+    """The figures for a run however it ended (``state``; by default its summary's status)."""
     actual = spend_usd(attempts)
     on_demand = sum(a.hours() * _on_demand_price(a) * a.nodes for a in attempts)
     hours = sum(a.hours() for a in attempts)
@@ -89,6 +93,7 @@ def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, 
     naive = actual + sum(levers.values())
     return SavingsReport(
         run_id=run_id,
+        state=state or (summary.status if summary else run_state(attempts, None)),
         actual_usd=round(actual, 6),
         naive_usd=round(naive, 6),
         saved_usd=round(naive - actual, 6),
@@ -118,21 +123,54 @@ def read(store: Store, run_id: str) -> SavingsReport | None:
         return None
 
 
+def run_state(attempts: list[Attempt], summary: RunSummary | None) -> str:
+    """How a run stands, from its ledger and summary alone (for runs whose flow wrote no report)."""
+    if any(a.ended_unix is None for a in attempts):
+        return "running"
+    if summary is not None:
+        return summary.status
+    last = attempts[-1].end_reason if attempts else None
+    return {"budget": "budget", "cancelled": "cancelled", "failed": "failed"}.get(last or "", "interrupted")
+
+
 def read_all(store: Store) -> list[SavingsReport]:
-    """Every run's savings in the store, oldest key first: the cross-run table."""
-    rows = []
+    """One report per run that has a ledger row, whatever its end, oldest run first: the cross-run table.
+
+    A run's ``savings.json`` is used while it accounts for the whole ledger; a run without one (a
+    flow that crashed, was cancelled or killed) or with spend since is figured from its ledger now,
+    so the table's total is every dollar the store's runs spent.
+    """
+    from thrifty.ledger import read_attempts
+    from thrifty.runs import read_summary
+
+    run_ids: dict[str, None] = {}
     for obj in store.list("runs/"):
-        if obj.key.endswith("/savings.json") and obj.key.count("/") == 2:
-            try:
-                rows.append(SavingsReport.model_validate_json(store.get_bytes(obj.key)))
-            except (NotFound, ValidationError):
-                continue
+        parts = obj.key.split("/")
+        if len(parts) >= 3 and (parts[2] in ("ledger", "meter") or parts[2] == "ledger.jsonl"):
+            run_ids.setdefault(parts[1])
+    rows = []
+    for run_id in run_ids:
+        attempts = read_attempts(store, run_id)
+        if not attempts:
+            continue
+        saved = read(store, run_id)
+        if saved is not None and abs(saved.actual_usd - spend_usd(attempts)) < 1e-6:
+            rows.append(saved)
+            continue
+        try:
+            summary = read_summary(store, run_id)
+        except ValueError:
+            summary = None
+        state = run_state(attempts, summary)
+        if saved is not None and state not in ("running",) and summary is None:
+            state = saved.state
+        rows.append(breakdown(run_id, attempts, summary, False, 0.0, [], state))
     return rows
 
 
 def table(all_figures: list[SavingsReport]) -> list[dict[str, Any]]:
     """One row per run: the cross-run table (Prefect artifact and `thrifty report`)."""
-    return [{"run": f.run_id, "actual_usd": f.actual_usd, "naive_usd": f.naive_usd,
+    return [{"run": f.run_id, "state": f.state, "actual_usd": f.actual_usd, "naive_usd": f.naive_usd,
              "saved_usd": f.saved_usd, "saved": f"{f.saved_fraction:.0%}",
              **{f"{k}_usd": v for k, v in f.levers_usd.items()},
              "recomputed_steps": f.preemption_waste.steps, "attempts": f.attempts}

@@ -27,14 +27,24 @@ def entry_prefix(key: str) -> str:
 
 
 def read_manifest(store: Store, key: str) -> dict[str, Any] | None:
-    """The entry's manifest, or None when there is no usable entry (never written, unfinished, or archived)."""
+    """The entry's manifest, or None when there is no usable entry (never written, unfinished, archived, damaged)."""
+    name = join_key(entry_prefix(key), MANIFEST)
     try:
-        return json.loads(store.get_bytes(join_key(entry_prefix(key), MANIFEST)))
+        manifest = json.loads(store.get_bytes(name))
     except NotFound:
         return None
     except Archived:
         log.warning("preprocess cache entry %s was archived to cold storage; preprocessing again", key)
         return None
+    except (ValueError, UnicodeDecodeError) as exc:  # empty, truncated, not JSON
+        log.warning("preprocess cache entry %s has a damaged manifest (%s in %s: %s); preprocessing again", key,
+                    name, store.uri, exc)
+        return None
+    if not isinstance(manifest, dict) or manifest.get("key") != key or not isinstance(manifest.get("splits"), dict):
+        log.warning("preprocess cache entry %s has a manifest that is not one (%s in %s); preprocessing again", key,
+                    name, store.uri)
+        return None
+    return manifest
 
 
 def mark_used(store: Store, key: str) -> None:

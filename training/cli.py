@@ -9,7 +9,7 @@ import sys
 
 from thrifty.cli import config_for_today, guarded, resolved_config
 from thrifty.config import ENV_VAR, RunConfig, add_config_args
-from thrifty.protocol import EXIT_FAILED, EXIT_OK
+from thrifty.protocol import EXIT_BUDGET, EXIT_FAILED, EXIT_OK
 
 
 def setup_logging() -> None:
@@ -35,6 +35,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(result.summary.model_dump_json(indent=2))
     elif result.status == "interrupted":
         print(f"interrupted at step {result.step}; checkpoint saved, rerun the same command to resume", file=sys.stderr)
+    elif result.status == "budget":
+        print(f"stopped at the budget cap (step {result.step}, checkpoint saved); run it again with a larger "
+              "budget.max_usd to continue", file=sys.stderr)
+        return EXIT_BUDGET
     return EXIT_OK
 
 

@@ -18,13 +18,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from thrifty.config import ConfigError
 from thrifty.shards import MANIFEST, entry_prefix, mark_used, read_manifest
-from thrifty.storage import Store, atomic_write_bytes, join_key
+from thrifty.storage import NotFound, Store, atomic_write_bytes, join_key
 from training.recipes.base import Dataset, EmptyDataError, Recipe, RecipeParams
 
 log = logging.getLogger("thrifty.data")
@@ -106,13 +107,7 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
 def write_shards(store: Store, key: str, dataset: Dataset, recipe: Recipe, params: RecipeParams,
                  preprocess_seconds: float = 0.0) -> dict[str, Any]:
     """Write every array as shards, then the manifest (the commit). Returns the manifest."""
-    for split in ("train", "val"):
-        if dataset.num_examples(split) == 0:
-            raise EmptyDataError(
-                f"recipe {recipe.name!r} produced no {split} examples with recipe_params "
-                f"{params.model_dump(mode='json')}; check the raw data and options (e.g. a 'limit' of 0 or a "
-                "validation fraction too small)."
-            )
+    require_examples(recipe, params, {split: dataset.num_examples(split) for split in ("train", "val")})
     prefix = entry_prefix(key)
     splits: dict[str, Any] = {}
     for split, arrays in dataset.splits.items():
@@ -145,38 +140,120 @@ def write_shards(store: Store, key: str, dataset: Dataset, recipe: Recipe, param
     return manifest
 
 
-def ensure_shards(store: Store, recipe: Recipe, params: RecipeParams) -> CacheResult:
-    """Return the cached shards for (data, code, params), preprocessing only on a miss."""
+def require_examples(recipe: Recipe, params: RecipeParams, sizes: dict[str, int]) -> None:
+    for split in ("train", "val"):
+        if not sizes.get(split):
+            raise EmptyDataError(
+                f"recipe {recipe.name!r} produced no {split} examples with recipe_params "
+                f"{params.model_dump(mode='json')}; check the raw data and options (e.g. a 'limit' of 0 or a "
+                "validation fraction too small)."
+            )
+
+
+class DamagedCache(RuntimeError):
+    """A cache entry whose files do not match its manifest; it is preprocessed again."""
+
+
+SizeCheck = Callable[[dict[str, int]], None]  # raises ConfigError when the data cannot train as configured
+
+
+def _preprocess(recipe: Recipe, params: RecipeParams) -> Dataset:
+    try:
+        return recipe.preprocess(params)
+    except OSError as exc:  # the raw data is gone or unreadable: a setting or a file to fix, not a crash
+        raise ConfigError(f"recipe {recipe.name!r} could not read its raw data: {exc}") from None
+
+
+def ensure_shards(store: Store, recipe: Recipe, params: RecipeParams, check: SizeCheck | None = None,
+                  rebuild: bool = False) -> CacheResult:
+    """Return the cached shards for (data, code, params), preprocessing only on a miss (or when ``rebuild``).
+    ``check`` sees the splits' sizes before anything is written: a run that cannot train writes nothing."""
     t0 = time.perf_counter()
     key = cache_key(recipe, params)
-    manifest = read_manifest(store, key)
+    manifest = None if rebuild else read_manifest(store, key)
     if manifest is not None:
+        if check is not None:
+            check(manifest_sizes(manifest))
         log.info("preprocess cache hit: %s", key)
         mark_used(store, key)
         return CacheResult(key, True, manifest, time.perf_counter() - t0)
-    log.info("preprocess cache miss: %s; preprocessing %s", key, recipe.name)
-    dataset = recipe.preprocess(params)
+    log.info("preprocess cache %s: %s; preprocessing %s", "rebuild" if rebuild else "miss", key, recipe.name)
+    dataset = _preprocess(recipe, params)
+    sizes = {split: dataset.num_examples(split) for split in dataset.splits}
+    require_examples(recipe, params, sizes)
+    if check is not None:
+        check(sizes)
     manifest = write_shards(store, key, dataset, recipe, params, preprocess_seconds=time.perf_counter() - t0)
     return CacheResult(key, False, manifest, time.perf_counter() - t0)
+
+
+def manifest_sizes(manifest: dict[str, Any]) -> dict[str, int]:
+    """Examples per split of a cache entry."""
+    return {split: arrays[next(iter(arrays))]["shape"][0] for split, arrays in manifest["splits"].items() if arrays}
+
+
+def open_cache(store: Store, recipe: Recipe, params: RecipeParams, splits: tuple[str, ...] = ("train", "val"),
+               check: SizeCheck | None = None) -> tuple[CacheResult, dict[str, Split]]:
+    """The entry and its splits, every shard checked against the manifest; a damaged entry is preprocessed again."""
+    cache = ensure_shards(store, recipe, params, check)
+    try:
+        return cache, {name: load_split(store, cache.manifest, name) for name in splits}
+    except DamagedCache as exc:
+        log.warning("%s; preprocessing the entry again", exc)
+    cache = ensure_shards(store, recipe, params, check, rebuild=True)
+    return cache, {name: load_split(store, cache.manifest, name) for name in splits}
 
 
 def _local_cache_dir() -> Path:
     return Path(os.environ.get("THRIFTY_LOCAL_CACHE", Path(tempfile.gettempdir()) / "thrifty-shards"))
 
 
+_VERIFIED: set[tuple[str, int, int]] = set()  # (path, size, mtime_ns) of shard files hashed by this process
+
+
+def _sha256_path(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verify(path: Path, shard: dict[str, Any], where: str) -> None:
+    """Size and sha256 against the manifest, hashed once per process per file version."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise DamagedCache(f"shard {where} is missing") from None
+    sig = (str(path), st.st_size, st.st_mtime_ns)
+    if sig in _VERIFIED:
+        return
+    if st.st_size != shard["bytes"]:
+        raise DamagedCache(f"shard {where} has {st.st_size} bytes, its manifest says {shard['bytes']}")
+    if _sha256_path(path) != shard["sha256"]:
+        raise DamagedCache(f"shard {where} does not match its manifest's sha256 (damaged in place)")
+    _VERIFIED.add(sig)
+
+
 def _open_shard(store: Store, key: str, shard: dict[str, Any]) -> np.ndarray:
     obj = join_key(entry_prefix(key), shard["file"])
+    where = f"{obj} in {store.uri}"
     path = store.local_path(obj)
     if path is None:  # object store: fetch once into a local cache, verified by hash
         path = _local_cache_dir() / key / shard["file"]
         if not (path.is_file() and path.stat().st_size == shard["bytes"]):
-            data = store.get_bytes(obj)
+            try:
+                data = store.get_bytes(obj)
+            except NotFound:
+                raise DamagedCache(f"shard {where} is missing") from None
             if _sha256_bytes(data) != shard["sha256"]:
-                raise RuntimeError(f"shard {obj} in {store.uri} does not match its manifest hash")
+                raise DamagedCache(f"shard {where} does not match its manifest's sha256")
             atomic_write_bytes(path, data)
-    if path.stat().st_size != shard["bytes"]:
-        raise RuntimeError(f"shard {obj} has {path.stat().st_size} bytes, manifest says {shard['bytes']}")
-    return np.load(path, mmap_mode="r", allow_pickle=False)
+    _verify(path, shard, where)
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as exc:  # a header the hash check let through cannot happen; a race can
+        raise DamagedCache(f"shard {where} cannot be read ({exc})") from None
 
 
 def load_split(store: Store, manifest: dict[str, Any], split: str) -> Split:

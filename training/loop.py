@@ -13,24 +13,28 @@ import json
 import logging
 import math
 import os
+import socket
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
 from thrifty.config import ConfigError, RunConfig
+from thrifty import lease
 from thrifty.faults import fault_point
-from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
+from thrifty.meter import NodeMeter
+from thrifty.protocol import ENV_LEASE_TOKEN
+from thrifty.runs import BestMetric, RunSummary, write_summary
 from thrifty.storage import Store, open_store
-from training.checkpoint import CheckpointManager, daly_interval_s
-from training.data import Split, ensure_shards, epoch_permutation, load_split
+from training.checkpoint import CheckpointManager
+from training.data import Split, epoch_permutation, open_cache
+from training.progress import CheckpointSchedule, MetricsWriter
 from training.early_stopping import EarlyStopping
-from training.recipes.base import Recipe, resolve_recipe
+from training.recipes.base import Recipe
+from training.validate import check_config, check_data
 from training.runtime import (
     Dist,
     StopSignal,
@@ -45,6 +49,9 @@ from training.runtime import (
 )
 
 log = logging.getLogger("thrifty.train")
+
+
+LEASE_BEAT_S = 10.0  # a `thrifty train` renews its lease this often
 
 
 class IncompatibleCheckpoint(ConfigError):
@@ -70,67 +77,6 @@ class TrainResult:
     status: str  # completed | stopped_early | interrupted
     summary: RunSummary | None
     step: int
-
-
-class MetricsWriter:
-    """JSON lines for this process's attempt under ``runs/<id>/metrics/``; one file per attempt, no appends to objects."""
-
-    def __init__(self, store: Store, run_id: str):
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        self.store = store
-        self.key = run_key(run_id, "metrics", f"{stamp}-{os.getpid()}.jsonl")
-        direct = store.local_path(self.key)
-        self.upload = direct is None
-        if direct is None:  # object store: write locally, upload at each checkpoint and at the end
-            direct = Path(tempfile.mkdtemp(prefix="thrifty-metrics-")) / "metrics.jsonl"
-        direct.parent.mkdir(parents=True, exist_ok=True)
-        self.path = direct
-        self._f = open(direct, "a", buffering=1)
-
-    def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps({"time_unix": round(time.time(), 3), **record}) + "\n")
-
-    def sync(self) -> None:
-        if self.upload:
-            self._f.flush()
-            self.store.put_file(self.key, self.path)
-
-    def close(self) -> None:
-        self.sync()
-        self._f.close()
-
-
-class CheckpointSchedule:
-    """Fixed every N steps, or Young/Daly from the measured save time and the mean time between preemptions."""
-
-    PROBE_STEPS = 10  # auto: first save after this many steps, to measure the save cost
-
-    def __init__(self, every: int | str, mtbp_s: float, start_step: int):
-        self.auto = every == "auto"
-        self.mtbp_s = mtbp_s
-        self.interval = self.PROBE_STEPS if self.auto else int(every)
-        self.last_saved = start_step
-        self.save_s: float | None = None
-
-    def due(self, step: int) -> bool:
-        return step - self.last_saved >= self.interval
-
-    def follow(self, step: int, interval: int) -> None:
-        self.last_saved, self.interval = step, interval
-
-    def saved(self, step: int, save_s: float, step_time_s: float) -> dict[str, Any] | None:
-        """Record a save; for auto, re-plan and return the new plan when it changed by > 20%."""
-        self.last_saved = step
-        if not self.auto:
-            return None
-        self.save_s = save_s if self.save_s is None else 0.7 * self.save_s + 0.3 * save_s
-        tau_s = daly_interval_s(self.save_s, self.mtbp_s)
-        steps = max(1, round(tau_s / max(step_time_s, 1e-9)))
-        if abs(steps - self.interval) <= 0.2 * self.interval:
-            return None
-        self.interval = steps
-        return {"event": "checkpoint_interval", "steps": steps, "seconds": round(tau_s, 2),
-                "save_s": round(self.save_s, 4), "mtbp_s": self.mtbp_s, "step_time_s": round(step_time_s, 5)}
 
 
 def lr_factor(step: int, warmup: int, total: int) -> float:
@@ -197,39 +143,72 @@ def _check_compatible(cfg: RunConfig, saved_cfg: dict[str, Any], run_id: str) ->
         log.warning("resuming run %r with changed settings in %s (allowed: the model still loads)", run_id, ", ".join(changed))
 
 
+@contextlib.contextmanager
+def one_trainer(store: Store, run_id: str, dist: Dist) -> Iterator[None]:
+    """One run, one trainer. A job its flow launched trains under the flow's lease (its token in the environment);
+    a person's `thrifty train` takes the lease itself, so two of them never prune each other's checkpoints."""
+    if not dist.is_main:
+        yield
+        return
+    token = os.environ.get(ENV_LEASE_TOKEN)
+    if token:
+        current = lease.read(store, run_id)
+        if current is not None and current.token != token and current.live(time.time()):
+            raise lease.LeaseHeld(run_id, current, time.time())  # the run was taken over while this job started
+        yield
+        return
+    held = lease.acquire(store, run_id, f"thrifty train on {socket.gethostname()} pid {os.getpid()}")
+    beat = lease.Heartbeat(held, LEASE_BEAT_S)
+    try:
+        yield
+    finally:
+        beat.stop()
+        held.release()
+
+
 def train(cfg: RunConfig) -> TrainResult:
     """Run (or resume) training for ``cfg`` until it completes, stops early, or is told to stop."""
-    run_id = cfg.require_resolved().run_name  # the flow (or `thrifty train`) resolved '{date}' and priced this name
+    cfg.require_resolved()  # the flow (or `thrifty train`) resolved '{date}' and priced this name
     dist = Dist.from_env()
+    check_config(cfg)  # the same checks the flow ran before renting this machine
+    store = open_store(cfg.store)
+    with one_trainer(store, cfg.run_name, dist):
+        return _train(cfg, dist, store)
+
+
+def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
+    run_id = cfg.run_name
     tc = cfg.train
-    recipe = resolve_recipe(cfg.recipe)
-    params = recipe.parse_params(cfg.recipe_params)
-    valid_metrics = ["val_loss", *recipe.metrics]
-    if tc.early_stopping.metric not in valid_metrics:
-        raise ConfigError(
-            f"'train.early_stopping.metric': recipe {recipe.name!r} reports {', '.join(valid_metrics)}, "
-            f"not {tc.early_stopping.metric!r}. Pick one of those."
-        )
+    recipe, params = check_config(cfg)
     device = pick_device(tc.device, dist)
     amp = pick_precision(tc.precision, device)
     dist.init(device)
-    store = open_store(cfg.store)
+    # the cap, enforced here too: a job whose flow died (a killed `thrifty run`, a closed laptop) still stops
+    meter = NodeMeter.from_env(store, cfg) if dist.is_main else None
+    if meter is not None:
+        log.info("budget: this job bills $%.4f/h (%s); the run has spent $%.4f of its $%g cap", meter.rate,
+                 meter.price_note, meter.spend_usd(), cfg.budget.max_usd)
+    if dist.any(meter is not None and meter.over_cap(save_s=0.0, step_s=0.0)):
+        if meter is not None:
+            meter.close("budget")
+        log.warning("budget: run %r has spent $%.4f of its $%g cap before training: nothing more is trained. Run it "
+                    "again with a larger budget.max_usd to continue", run_id, meter.spend_usd() if meter else 0.0,
+                    cfg.budget.max_usd)
+        dist.close()
+        return TrainResult("budget", None, 0)
 
-    # ---- data: the preprocessing cache (rank 0 fills it, the others read it)
+    # ---- data: the preprocessing cache (rank 0 fills it, the others read it), every shard checked
+    def fits(sizes: dict[str, int]) -> None:
+        check_data(cfg, sizes, dist.world)
+
     if dist.is_main:
-        cache = ensure_shards(store, recipe, params)
+        cache, splits = open_cache(store, recipe, params, ("train", "val"), fits)
     dist.barrier()
     if not dist.is_main:
-        cache = ensure_shards(store, recipe, params)
-    train_split = load_split(store, cache.manifest, "train")
-    val_split = load_split(store, cache.manifest, "val")
+        cache, splits = open_cache(store, recipe, params, ("train", "val"), fits)
+    train_split, val_split = splits["train"], splits["val"]
     global_batch = tc.examples_per_step(dist.world)
     steps_per_epoch = tc.steps_per_epoch(train_split.n, dist.world)
-    if steps_per_epoch == 0:
-        raise ConfigError(
-            f"'train.micro_batch': one optimizer step needs {global_batch} examples (micro_batch x grad_accum_steps "
-            f"x processes) but the training split has {train_split.n}. Lower train.micro_batch or grad_accum_steps."
-        )
     total_steps = tc.total_steps(train_split.n, dist.world)
 
     # ---- model, optimizer, schedule, scaler, early stopping
@@ -312,9 +291,11 @@ def train(cfg: RunConfig) -> TrainResult:
     recent_step_s: collections.deque[float] = collections.deque(maxlen=21)  # median guides auto checkpointing
     window = {"loss": 0.0, "n": 0, "wait": 0.0, "time": 0.0}
     perm, perm_epoch = None, -1
-    interrupted = False
+    interrupted: str | None = None  # "signal" | "budget"
     last_saved_step = state.step if loaded else -1
-    while state.step < total_steps and not stopper.stopped:
+    if dist.any(stop.signum is not None):  # a notice during start-up: nothing trained yet, nothing new to save
+        interrupted = "signal"
+    while interrupted is None and state.step < total_steps and not stopper.stopped:
         if state.batch_in_epoch >= steps_per_epoch:
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
         if perm_epoch != state.epoch:
@@ -366,20 +347,32 @@ def train(cfg: RunConfig) -> TrainResult:
         if schedule.due(state.step) or finishing:
             save()
             last_saved_step = state.step
-        if dist.any(stop.signum is not None):
+        at_cap = False
+        if meter is not None and not finishing:
+            meter.beat()
+            at_cap = meter.over_cap(schedule.save_s or 0.0, step_time)
+        if dist.any(stop.signum is not None or at_cap):
+            at_cap = dist.any(at_cap)  # rank 0 decides the cap; every rank stops at the same step
             if last_saved_step != state.step:
                 save()
-            interrupted = True
+            interrupted = "budget" if at_cap else "signal"
             break
 
     wall = base_train_time + (time.perf_counter() - attempt_t0)
     if interrupted:
-        emit({"event": "interrupted", "step": state.step})
-        log.warning("stopped by signal at step %d after an emergency checkpoint; rerun to resume", state.step)
+        emit({"event": "interrupted", "step": state.step, "reason": interrupted})
+        if interrupted == "budget":
+            log.warning("budget: run %r reached its $%g cap (spent $%.4f, holding back what a stop costs): "
+                        "checkpoint saved at step %d. Run it again with a larger budget.max_usd to finish from there",
+                        run_id, cfg.budget.max_usd, meter.spend_usd() if meter else 0.0, state.step)
+        else:
+            log.warning("stopped by signal at step %d after an emergency checkpoint; rerun to resume", state.step)
+        if meter is not None:
+            meter.close(interrupted)
         if metrics:
             metrics.close()
         dist.close()
-        return TrainResult("interrupted", None, state.step)
+        return TrainResult("budget" if interrupted == "budget" else "interrupted", None, state.step)
 
     summary = None
     if dist.is_main:
@@ -409,6 +402,8 @@ def train(cfg: RunConfig) -> TrainResult:
             **recipe.summary_fields(cache.manifest["meta"]),
         )
         write_summary(store, summary)
+        if meter is not None:
+            meter.close("finished")
         emit({"event": "end", "status": summary.status, "steps": summary.steps, "weights_sha256": summary.weights_sha256})
         metrics.close()
     dist.barrier()

@@ -83,17 +83,20 @@ def pick_device(requested: str, dist: Dist) -> torch.device:
     return torch.device("cpu")
 
 
+def auto_precision(capability: tuple[int, int]) -> str:
+    """What ``precision: auto`` picks on a CUDA GPU of this compute capability: bf16 from Ampere (8.0) on, fp16 with
+    a GradScaler before it. ``torch.cuda.is_bf16_supported()`` is True on T4 and V100 too, where bf16 is emulated
+    and slow, so it cannot decide this."""
+    return "bf16" if capability[0] >= 8 else "fp16"
+
+
 def pick_precision(requested: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype, or None for plain fp32."""
-    if requested == "fp32":
-        return None
-    if requested == "bf16":
-        return torch.bfloat16
-    if requested == "fp16":
-        return torch.float16
-    if device.type == "cuda":  # auto
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return None  # auto on CPU: bf16 autocast works there but is slower than fp32 for small models
+    if requested == "auto":
+        if device.type != "cuda":
+            return None  # auto on CPU: bf16 autocast works there but is slower than fp32 for small models
+        requested = auto_precision(torch.cuda.get_device_capability(device))
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[requested]
 
 
 def precision_name(dtype: torch.dtype | None) -> str:
@@ -153,8 +156,12 @@ class StopSignal:
         self.signum: int | None = None
 
     def install(self) -> "StopSignal":
+        from training.signals import EARLY
+
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
+        if EARLY:  # a notice that came while the program started
+            self._handle(EARLY[-1], None)
         return self
 
     def _handle(self, signum: int, _frame: Any) -> None:

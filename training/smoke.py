@@ -13,14 +13,15 @@ import time
 import numpy as np
 import torch
 
+from thrifty.budget import world_size
 from thrifty.config import RunConfig
 from thrifty.results import SmokeResult
 from thrifty.storage import FileStore, open_store
 from training.checkpoint import CheckpointManager
-from training.data import ensure_shards, load_split
+from training.data import open_cache
 from training.loop import optimizer_step
-from training.recipes.base import resolve_recipe
 from training.runtime import autocast, pick_precision, precision_name, seed_everything, weights_sha256
+from training.validate import check_config, check_data
 
 
 class SmokeTestFailed(RuntimeError):
@@ -29,11 +30,11 @@ class SmokeTestFailed(RuntimeError):
 
 def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:
     """Run ``steps`` optimizer steps of the real model on CPU and a checkpoint round trip; return what was measured."""
-    recipe = resolve_recipe(cfg.recipe)
-    params = recipe.parse_params(cfg.recipe_params)
+    recipe, params = check_config(cfg)  # what the node would reject, by the node's own code
     store = open_store(cfg.store)
-    cache = ensure_shards(store, recipe, params)
-    split = load_split(store, cache.manifest, "train")
+    world = world_size(cfg)  # the job's processes, not this CPU's: one step must fit the data on the node
+    cache, splits = open_cache(store, recipe, params, ("train", "val"), lambda sizes: check_data(cfg, sizes, world))
+    split = splits["train"]
     device = torch.device("cpu")
     # the GPU's autocast path, exercised on CPU: auto means bf16 on any GPU that will be rented
     requested = "bf16" if cfg.train.precision == "auto" else cfg.train.precision

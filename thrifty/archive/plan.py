@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from thrifty import checkpoints, shards
-from thrifty.config import ConfigError, format_validation_error, store_scheme
+from thrifty.config import ConfigError, StoreUri, format_validation_error, store_scheme
 from thrifty.storage import NotFound, ObjectInfo, Store, is_cold
 
 POLICY_KEY = "archive-policy.json"  # {"gold": [key prefix, ...], "pinned": [key prefix, ...]}
@@ -39,22 +39,17 @@ def utcnow() -> dt.datetime:
 class ArchiveSettings(BaseModel):
     """What an archival pass does; the flow's parameters and the CLI's options."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    store: str = Field(".thrifty/store", description="The store to scan: a path, file://, s3://, gs:// or az://.")
-    older_than_days: float = Field(90.0, gt=0, description="Stale = not modified for this many days before as_of.")
+    store: StoreUri = Field(".thrifty/store", description="The store to scan: a path, file://, s3://, gs:// or az://.")
+    older_than_days: float = Field(90.0, gt=0, le=36500, description="Stale = not modified for this many days "
+                                   "before as_of (days, at most 100 years).")
     active_window_days: float = Field(
-        14.0, ge=0, description="A run active within this many days keeps its latest checkpoint hot (days).")
+        14.0, ge=0, le=36500, description="A run active within this many days keeps its latest checkpoint hot (days).")
     tier: Literal["archive", "cold"] = Field(
         "archive", description="archive: S3 DEEP_ARCHIVE, GCS ARCHIVE, Azure Archive (cheapest, hours to restore); "
                                "cold: S3 GLACIER, GCS COLDLINE, Azure Cold.")
     as_of: dt.datetime | None = Field(None, description="The clock the plan is made at (default now; UTC if naive).")
-
-    @field_validator("store")
-    @classmethod
-    def _store(cls, v: str) -> str:
-        store_scheme(v)
-        return v
 
     @field_validator("as_of")
     @classmethod

@@ -7,7 +7,9 @@ from enum import Enum
 from typing import Protocol
 
 from thrifty.config import ENV_VAR, RunConfig
-from thrifty.runs import Attempt
+from thrifty.meter import Price, prices_env
+from thrifty.protocol import ENV_PRICES
+from thrifty.ledger import Attempt
 
 
 class LaunchError(RuntimeError):
@@ -43,16 +45,21 @@ class JobStatus:
 
 
 class Launcher(Protocol):
-    def submit(self, cfg: RunConfig) -> str: ...
+    def submit(self, cfg: RunConfig, env: dict[str, str] | None = None) -> str:
+        """Start a job for ``cfg``; ``env`` adds to the node's environment (e.g. the run's lease token)."""
+        ...
     def status(self, job_id: str) -> JobStatus: ...
-    def cancel(self, job_id: str) -> None:
-        """Graceful: the job gets SIGTERM, checkpoints, and exits."""
+    def cancel(self, job_id: str, deadline_s: float | None = None) -> None:
+        """Graceful: the job gets SIGTERM, checkpoints, and exits. With ``deadline_s`` (a stop at the budget cap)
+        the job is ended for good by then, checkpoint or not: the money stops."""
         ...
     def attempts(self, job_id: str) -> list[Attempt]: ...
 
 
-def node_env(cfg: RunConfig) -> dict[str, str]:
-    """The environment every training node gets: the RunConfig (its run_name, resolved, is the resume key).
-    ``THRIFTY_RUN_ID`` repeats the name for shell scripts and logs; the program reads the config's."""
+def node_env(cfg: RunConfig, prices: list[Price]) -> dict[str, str]:
+    """The environment every training node gets: the RunConfig (its run_name, resolved, is the resume key) and the
+    prices of the candidates it may land on, so it can enforce the budget cap itself. ``THRIFTY_RUN_ID`` repeats
+    the name for shell scripts and logs; the program reads the config's."""
     cfg.require_resolved()
-    return {ENV_VAR: cfg.to_env_json(), "THRIFTY_RUN_ID": cfg.run_name, "PYTHONUNBUFFERED": "1"}
+    return {ENV_VAR: cfg.to_env_json(), ENV_PRICES: prices_env(prices), "THRIFTY_RUN_ID": cfg.run_name,
+            "PYTHONUNBUFFERED": "1"}

@@ -23,8 +23,10 @@ from pathlib import Path
 from thrifty.config import RunConfig
 from thrifty.launchers.base import JobState, JobStatus, LaunchError, node_env
 from thrifty.pricing import quote_emulated
-from thrifty.protocol import EXIT_BAD_INPUT
-from thrifty.runs import Attempt, latest_progress, read_metrics, run_key
+from thrifty.meter import Price
+from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, EXIT_BAD_INPUT, EXIT_BUDGET
+from thrifty.ledger import Attempt
+from thrifty.runs import finished_since, latest_progress, read_metrics, run_key
 from thrifty.storage import open_store
 
 log = logging.getLogger("thrifty.launch")
@@ -33,12 +35,13 @@ POLL_S = 0.1
 
 
 class _Job:
-    def __init__(self, job_id: str, cfg: RunConfig, log_dir: Path):
-        self.job_id, self.cfg, self.log_dir = job_id, cfg, log_dir
+    def __init__(self, job_id: str, cfg: RunConfig, log_dir: Path, env: dict[str, str]):
+        self.job_id, self.cfg, self.log_dir, self.env = job_id, cfg, log_dir, env
         self.state = JobState.PENDING
         self.attempts: list[Attempt] = []
         self.message = ""
         self.cancel_requested = threading.Event()
+        self.cancel_deadline_s: float | None = None  # a stop at the budget cap: ended for good within this
         self.preemptions_injected = 0
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._supervise, name=f"thrifty-{job_id}", daemon=True)
@@ -50,6 +53,9 @@ class _Job:
             reason, code = self._run_attempt()
             if reason == "succeeded":
                 self._set(JobState.SUCCEEDED, "training finished")
+                return
+            if reason == "budget":  # as on SkyPilot, whose node wrapper turns this exit into success: no recovery
+                self._set(JobState.SUCCEEDED, "the job stopped itself at the budget cap, after a checkpoint")
                 return
             if reason == "cancelled":
                 self._set(JobState.CANCELLED, "cancelled; the job saved a checkpoint on SIGTERM")
@@ -68,6 +74,9 @@ class _Job:
         price = quote_emulated(c.emulate, c.use_spot)
         attempt = Attempt(self.job_id, len(self.attempts) + 1, price.cloud, "local", price.instance, c.use_spot,
                           price.usd_per_hour, c.num_nodes, time.time())
+        node = {**node_env(self.cfg, [Price(price.cloud, price.instance, c.use_spot, price.usd_per_hour,
+                                            price.accelerator, price.source)]),
+                ENV_JOB_ID: self.job_id, ENV_BILLING_START: repr(attempt.started_unix), **self.env}
         with self.lock:
             self.attempts.append(attempt)
             self.state = JobState.STARTING
@@ -75,14 +84,14 @@ class _Job:
         log_path = self.log_dir / f"attempt-{attempt.number}.log"
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "training"], env={**os.environ, **node_env(self.cfg)},
+                [sys.executable, "-m", "training"], env={**os.environ, **node},
                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,  # its own process group
             )
         self._set(JobState.RUNNING, f"attempt {attempt.number} running (pid {proc.pid}, log {log_path})")
         reason = None
         while proc.poll() is None:
             if self.cancel_requested.is_set():
-                self._stop(proc, graceful=True)
+                self._stop(proc, graceful=True, grace_s=self.cancel_deadline_s)
                 reason = "cancelled"
             elif self._preemption_due(attempt):
                 self.preemptions_injected += 1
@@ -92,8 +101,12 @@ class _Job:
             else:
                 time.sleep(POLL_S)
         code = proc.returncode
-        if reason is None:
-            reason = "succeeded" if code == 0 else "failed"
+        if code == EXIT_BUDGET:
+            reason = "budget"
+        elif code == 0 and (reason is None or finished_since(open_store(self.cfg.store), self.cfg.run_name, attempt.started_unix)):
+            reason = "succeeded"  # a stop that came after training had finished: it finished, it was not stopped
+        elif reason is None:
+            reason = "failed"
         with self.lock:
             attempt.ended_unix, attempt.end_reason, attempt.exit_code = time.time(), reason, code
         return reason, code
@@ -109,15 +122,16 @@ class _Job:
             return progress.get("step", 0) >= c.preempt_after_steps
         return False
 
-    def _stop(self, proc: subprocess.Popen, graceful: bool) -> None:
+    def _stop(self, proc: subprocess.Popen, graceful: bool, grace_s: float | None = None) -> None:
         """SIGTERM the process group and wait out the grace period, then SIGKILL; or SIGKILL at once."""
+        grace_s = self.cfg.compute.preempt_grace_s if grace_s is None else grace_s
         if graceful:
             _signal_group(proc, signal.SIGTERM)
             try:
-                proc.wait(timeout=self.cfg.compute.preempt_grace_s)
+                proc.wait(timeout=grace_s)
                 return
             except subprocess.TimeoutExpired:
-                log.warning("job did not exit within %.0f s of SIGTERM; killing it", self.cfg.compute.preempt_grace_s)
+                log.warning("job did not exit within %.0f s of SIGTERM; killing it", grace_s)
         _signal_group(proc, signal.SIGKILL)
         proc.wait()
 
@@ -144,12 +158,12 @@ class LocalLauncher:
     def __init__(self, cfg: RunConfig | None = None) -> None:
         self._jobs: dict[str, _Job] = {}
 
-    def submit(self, cfg: RunConfig) -> str:
+    def submit(self, cfg: RunConfig, env: dict[str, str] | None = None) -> str:
         quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)  # an unknown instance fails here, not mid-job
         job_id = f"local-{cfg.run_name}-{uuid.uuid4().hex[:8]}"
         # attempt logs beside the run in a local store (runs/<id>/logs/<job>/), else in the temp directory
         log_dir = open_store(cfg.store).local_path(run_key(cfg.run_name, "logs", job_id))
-        job = _Job(job_id, cfg, log_dir or Path(tempfile.gettempdir()) / "thrifty-logs" / job_id)
+        job = _Job(job_id, cfg, log_dir or Path(tempfile.gettempdir()) / "thrifty-logs" / job_id, env or {})
         self._jobs[job_id] = job
         job.thread.start()
         return job_id
@@ -163,8 +177,10 @@ class LocalLauncher:
     def status(self, job_id: str) -> JobStatus:
         return self._job(job_id).snapshot()
 
-    def cancel(self, job_id: str) -> None:
-        self._job(job_id).cancel_requested.set()
+    def cancel(self, job_id: str, deadline_s: float | None = None) -> None:
+        job = self._job(job_id)
+        job.cancel_deadline_s = deadline_s
+        job.cancel_requested.set()
 
     def attempts(self, job_id: str) -> list[Attempt]:
         return self._job(job_id).snapshot().attempts

@@ -36,7 +36,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from thrifty.protocol import EXIT_RESUMABLE, STOP_KEY, STOPPED_KEY
+from thrifty.protocol import EXIT_BUDGET, EXIT_RESUMABLE, STOP_KEY, STOPPED_KEY
 
 log = logging.getLogger("thrifty.notice")
 
@@ -257,8 +257,12 @@ def exit_code(returncode: int, finished: bool | None, notice_seen: bool, stop_re
       here would mark the managed job SUCCEEDED with training unfinished; sleeping until the VM dies
       wastes up to 2 min of billing and hangs forever on a notice that never ends in a reclaim.
     - the program exited 0 without finishing (a SIGTERM this wrapper never saw): ``EXIT_RESUMABLE`` too.
+    - the program stopped itself at the budget cap (``EXIT_BUDGET``, its checkpoint saved): 0, so that
+      SkyPilot, which retries every other non-zero code, never rents a machine past the cap.
     - any other failure: its own code, which counts against ``max_restarts_on_errors``.
     """
+    if returncode == EXIT_BUDGET:
+        return 0
     if finished or (finished is None and returncode == 0 and not (notice_seen or terminated)):
         return 0
     if stop_requested:

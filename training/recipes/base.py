@@ -22,7 +22,7 @@ from thrifty.config import ConfigError
 class RecipeParams(BaseModel):
     """Base for a recipe's own options (``recipe_params`` in the RunConfig)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class EmptyDataError(ConfigError):
@@ -106,10 +106,21 @@ def resolve_recipe(spec: str) -> Recipe:
             f"'recipe': cannot import module {module_name!r} for recipe {spec!r} ({exc}). "
             "Check the module path and that its package is installed."
         ) from None
+    except Exception as exc:  # the module itself is broken: say where, not a traceback
+        raise ConfigError(f"'recipe': importing module {module_name!r} for recipe {spec!r} failed: "
+                          f"{type(exc).__name__}: {exc}") from None
     factory = getattr(module, func_name, None)
     if factory is None:
         raise ConfigError(f"'recipe': module {module_name!r} has no function {func_name!r}.")
-    recipe = factory() if callable(factory) and not isinstance(factory, Recipe) else factory
+    if callable(factory) and not isinstance(factory, Recipe):
+        try:
+            recipe = factory()
+        except Exception as exc:
+            raise ConfigError(
+                f"'recipe': calling {spec!r} failed ({type(exc).__name__}: {exc}); a recipe is a function that "
+                "takes no arguments and returns a training.recipes.Recipe") from None
+    else:
+        recipe = factory
     if not isinstance(recipe, Recipe):
         raise ConfigError(f"'recipe': {spec!r} returned {type(recipe).__name__}, not a training.recipes.Recipe.")
     return recipe

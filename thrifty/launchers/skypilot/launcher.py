@@ -9,17 +9,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+from thrifty.budget import TEARDOWN_S
 from thrifty.config import ConfigError, RunConfig
 from thrifty.launchers.base import JobStatus, LaunchError
 from thrifty.launchers.skypilot.queue import QUEUE_FIELDS, _value, record_state, skypilot_task_id, update_attempts
 from thrifty.launchers.skypilot.task import build_task, candidates, task_config
 from thrifty.pricing import PricingError, quote_accelerator
-from thrifty.protocol import STOP_KEY, STOPPED_KEY
-from thrifty.runs import Attempt
+from thrifty.ledger import Attempt
+from thrifty.protocol import SKYPILOT_JOB_PREFIX, STOP_KEY, STOPPED_KEY
 
 log = logging.getLogger("thrifty.launch")
 
-JOB_PREFIX = "sky-"  # our job ids: sky-<managed job id>
+JOB_PREFIX = SKYPILOT_JOB_PREFIX  # our job ids: sky-<managed job id> (the node derives the same)
 
 
 def _number(job_id: str) -> int:
@@ -38,11 +39,12 @@ class SkyPilotLauncher:
         self._nodes: dict[str, int] = {}
 
     # ------------------------------------------------------------ submit
-    def submit(self, cfg: RunConfig) -> str:
+    def submit(self, cfg: RunConfig, env: dict[str, str] | None = None) -> str:
         import sky
 
         self.cfg = cfg
         config = task_config(cfg)
+        config["envs"].update(env or {})
         workdir = Path(cfg.compute.workdir).resolve()
         if not (workdir / "pyproject.toml").is_file():
             raise ConfigError(f"'compute.workdir': {str(workdir)!r} has no pyproject.toml; point it at the thrifty "
@@ -77,7 +79,7 @@ class SkyPilotLauncher:
         if self.cfg is None:
             return []
         try:
-            from thrifty.runs import read_attempts
+            from thrifty.ledger import read_attempts
             from thrifty.storage import open_store
 
             attempts = read_attempts(open_store(self.cfg.store), self.cfg.run_name)
@@ -138,13 +140,15 @@ class SkyPilotLauncher:
         return self.status(job_id).attempts
 
     # ------------------------------------------------------------ cancel
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, deadline_s: float | None = None) -> None:
         """Checkpoint first, then tear down.
 
         ``sky.jobs.cancel(graceful=True)`` SIGTERMs the job's process group and flushes MOUNT_CACHED
         uploads, but does not wait for the trainer to save. So a running job is first asked to stop
         through the store (the node's watcher SIGTERMs the trainer and acknowledges once the
         checkpoint is written), and only then, or after ``stop_checkpoint_timeout_s``, cancelled.
+        A stop at the budget cap (``deadline_s``) waits for the checkpoint only as long as leaves
+        time to tear the nodes down before it.
         """
         import sky
 
@@ -153,11 +157,14 @@ class SkyPilotLauncher:
         if state.terminal or sky_state == "CANCELLING":
             return
         if sky_state == "RUNNING" and self.cfg is not None:
-            self._request_stop(job_id, number)
+            wait_s = self.cfg.compute.stop_checkpoint_timeout_s
+            if deadline_s is not None:
+                wait_s = min(wait_s, max(0.0, deadline_s - TEARDOWN_S["skypilot"]))
+            self._request_stop(job_id, number, wait_s)
         sky.get(sky.jobs.cancel(job_ids=[number], graceful=True))
         log.info("cancelled SkyPilot managed job %s", job_id)
 
-    def _request_stop(self, job_id: str, number: int) -> None:
+    def _request_stop(self, job_id: str, number: int, wait_s: float) -> None:
         from thrifty.runs import run_key
         from thrifty.storage import NotFound, open_store
 
@@ -165,7 +172,7 @@ class SkyPilotLauncher:
         store, run_id = open_store(self.cfg.store), self.cfg.run_name
         store.put_bytes(run_key(run_id, STOP_KEY), json.dumps(
             {"managed_job_id": number, "job_id": job_id, "requested_unix": self.clock(), "reason": "cancel"}).encode())
-        deadline = self.clock() + self.cfg.compute.stop_checkpoint_timeout_s
+        deadline = self.clock() + wait_s
         ack = run_key(run_id, STOPPED_KEY.format(job=number))
         next_status = 0.0
         while self.clock() < deadline:
@@ -181,5 +188,5 @@ class SkyPilotLauncher:
                 next_status = self.clock() + 15.0
             self.sleep(2.0)
         log.warning("job %s did not confirm a checkpoint within %.0f s; cancelling anyway", job_id,
-                    self.cfg.compute.stop_checkpoint_timeout_s)
+                    wait_s)
 

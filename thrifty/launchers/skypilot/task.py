@@ -24,6 +24,7 @@ import yaml
 
 from thrifty.config import ConfigError, RunConfig
 from thrifty.launchers.base import node_env
+from thrifty.meter import Price
 from thrifty.pricing import PricingError, Quote, parse_accelerator, quote_accelerator
 from thrifty.protocol import EXIT_RESUMABLE
 
@@ -180,7 +181,8 @@ def task_config(cfg: RunConfig, source: str = "auto") -> dict[str, Any]:
         "workdir": c.workdir,
         "num_nodes": c.num_nodes,
         "resources": resources,
-        "envs": node_env(node_cfg),
+        "envs": node_env(node_cfg, [Price(k.cloud, k.quote.instance, k.spot, k.quote.usd_per_hour, k.accelerator,
+                                          k.quote.source) for k in cands]),
         "setup": SETUP,
         "run": RUN_MULTI if c.num_nodes > 1 else RUN_SINGLE,
     }

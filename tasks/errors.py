@@ -1,0 +1,39 @@
+"""How a step ends on an error its user can fix: a Failed state carrying the message alone.
+
+Raised, such an error would be logged with its traceback by the task, again by the flow, and
+once more by the hooks. A task decorated with :func:`fails_quietly` returns ``Failed`` named
+``BadInput`` instead; the flow ends with the same message and ``thrifty run`` exits 2.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, TypeVar
+
+from prefect.states import Failed, State
+
+from thrifty.config import ConfigError
+from thrifty.estimate import OverBudgetPlan
+from thrifty.storage import StoreError
+from training.smoke import SmokeTestFailed
+
+BAD_INPUT = "BadInput"  # the name of a Failed state a user error ends in
+USER_ERRORS = (ConfigError, StoreError, OverBudgetPlan, SmokeTestFailed)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def bad_input(exc: BaseException) -> State:
+    return Failed(name=BAD_INPUT, message=f"{type(exc).__name__}: {exc}")
+
+
+def fails_quietly(fn: F) -> F:
+    """Turn the user errors ``fn`` raises into a ``BadInput`` Failed state (for a Prefect task's body)."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except USER_ERRORS as exc:
+            return bad_input(exc)
+
+    return wrapper  # type: ignore[return-value]

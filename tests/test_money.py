@@ -1,0 +1,126 @@
+"""Money paths end to end, as a user meets them: `thrifty run` from the command line, a second trigger of the
+same run, the flow process killed mid-run, and the node holding the cap by itself.
+
+One run, one job (issue 9.7): a second `thrifty run` of a live run is refused with who holds it; after
+the first flow process is killed -9 its job trains on without a watcher, a third trigger refuses to
+rent beside it, and the job stops itself at the cap (issue 9.6): spend ends <= max_usd and every dollar
+is in `thrifty report`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, python_env
+from thrifty.budget import spend_usd
+from thrifty.ledger import read_attempts, read_meters
+from thrifty.storage import open_store
+
+pytestmark = pytest.mark.slow
+THRIFTY = [sys.executable, "-m", "thrifty.cli"]
+CAP = 0.02  # an emulated p3.2xlarge spot ($0.918/h) burns it in ~78 s: long enough for two more triggers to start
+
+
+def config_file(tmp_path: Path, store: Path) -> Path:
+    path = tmp_path / "capped.yaml"
+    path.write_text(yaml.safe_dump({
+        "run_name": "orphan", "recipe": "digits", "store": str(store),
+        "recipe_params": {"hidden": 512},
+        "train": {"max_epochs": 2000, "micro_batch": 16, "precision": "fp32", "checkpoint_every": 25, "log_every": 5,
+                  "early_stopping": {"enabled": False}},
+        "compute": {"emulate": "aws:p3.2xlarge"},
+        "budget": {"max_usd": CAP, "allow_over_budget": True, "stop_margin_s": 3.0, "burn_rate_alert_usd_per_hour": None},
+    }))
+    return path
+
+
+def thrifty(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*THRIFTY, *args], env=python_env(), cwd=REPO, capture_output=True, text=True, timeout=240,
+                          **kw)
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def training_steps(store: Path) -> bool:
+    return any('"loss"' in p.read_text() for p in (store / "runs" / "orphan" / "metrics").glob("*.jsonl"))
+
+
+def test_one_run_one_job_and_the_node_holds_the_cap_when_its_flow_is_killed(tmp_path):
+    store_dir = tmp_path / "store"
+    cfg = config_file(tmp_path, store_dir)
+    first = subprocess.Popen([*THRIFTY, "run", "--config", str(cfg)], env=python_env(), cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)  # its own group: its Prefect server dies with it
+    try:
+        wait_for(lambda: (store_dir / "runs" / "orphan" / "metrics").is_dir() and training_steps(store_dir), 180,
+                 "the first run to train")
+
+        # a double click: the second trigger is refused, naming who holds the run; it rents nothing
+        second = thrifty("run", "--config", str(cfg))
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert "is already running" in second.stderr and "flow run" in second.stderr
+        store = open_store(str(store_dir))
+        assert len({a.job_id for a in read_attempts(store, "orphan")}) == 1
+
+        os.killpg(first.pid, signal.SIGKILL)  # the flow process and its Prefect server; the job lives on
+        first.wait(timeout=30)
+        assert [m.end for m in read_meters(store, "orphan")] == [None], "the job trains on, unwatched"
+
+        # its flow is gone, its job is not: a third trigger must not rent beside it
+        third = thrifty("run", "--config", str(cfg))
+        assert third.returncode == 2, third.stdout + third.stderr
+        assert "still training without a watcher" in third.stderr
+        assert len({a.job_id for a in read_attempts(store, "orphan")}) == 1
+
+        wait_for(lambda: any(m.end for m in read_meters(store, "orphan")), 120, "the job to stop at the cap")
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    [meter] = read_meters(store, "orphan")
+    assert meter.end == "budget", "the node stopped itself at the cap"
+    attempts = read_attempts(store, "orphan")
+    assert [a.end_reason for a in attempts] == ["budget"]  # the row its dead watcher left open, closed by the node
+    spent = spend_usd(attempts)
+    assert 0.5 * CAP < spent <= CAP, f"spent ${spent:.4f} of a ${CAP} cap"
+    assert list((store_dir / "runs" / "orphan" / "ckpt").glob("*/COMMIT")), "a checkpoint was kept"
+
+    report = thrifty("report", "--config", str(cfg))
+    assert report.returncode == 0, report.stderr
+    row = next(line for line in report.stdout.splitlines() if "orphan" in line)
+    assert "budget" in row and f"{spent:.5f}" in row
+    assert f"spent ${spent:.4f}" in report.stdout, "every dollar is in the total"
+
+
+def test_two_trainers_of_one_run_never_train_at_once(tmp_path):
+    """Two `python -m training` of one run on a file store: the second is refused (it used to crash the first)."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"run_name": "twice", "recipe": "digits", "store": str(tmp_path / "store"),
+                                   "recipe_params": {"hidden": 512},
+                                   "train": {"max_epochs": 40, "micro_batch": 16, "checkpoint_every": 5,
+                                             "early_stopping": {"enabled": False}}}))
+    run = [sys.executable, "-m", "training", "--config", str(cfg)]
+    first = subprocess.Popen(run, env=python_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        wait_for(lambda: (tmp_path / "store" / "runs" / "twice" / "lease.json").exists(), 60, "the first to start")
+        second = subprocess.run(run, env=python_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and "is already running" in second.stderr, second.stderr
+        assert first.wait(timeout=300) == 0, first.stderr.read()
+    finally:
+        first.kill()
+    assert not (tmp_path / "store" / "runs" / "twice" / "lease.json").exists(), "released at the end"

@@ -1,0 +1,187 @@
+"""The node's own meter: the budget cap enforced where the money is spent, even when the flow is gone.
+
+A launcher gives its job the prices of the candidates it may land on (``$THRIFTY_PRICES``); the
+node matches the instance it landed on (``thrifty.launchers.identity``), knows when it began to
+bill (the launcher's start locally, the boot time on a cloud VM), reads what the run spent
+before (``thrifty.ledger``) and, every step, asks :meth:`NodeMeter.over_cap`. At the cap the
+training program checkpoints and exits ``EXIT_BUDGET``, which no launcher restarts. Its record in
+the store (``runs/<run>/meter/...``) lets reports count every dollar of a job whose watcher died.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from thrifty.budget import TEARDOWN_S, over_cap, spend_usd, stop_margin_s
+from thrifty.config import ConfigError, RunConfig
+from thrifty.ledger import METER_BEAT_S, MeterRecord, read_attempts, write_meter
+from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, ENV_PRICES, SKYPILOT_JOB_PREFIX
+from thrifty.storage import Store
+
+log = logging.getLogger("thrifty.meter")
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """What a node could learn about itself (``thrifty.launchers.identity``); None where it could not."""
+
+    cloud: str | None
+    instance: str | None = None  # as the price table names it: g5.xlarge, g2-standard-4, Standard_NC4as_T4_v3
+    spot: bool | None = None
+    region: str | None = None
+
+
+@dataclass(frozen=True)
+class Price:
+    """One candidate the job may land on, and its $/hour per node."""
+
+    cloud: str
+    instance: str
+    spot: bool
+    usd_per_hour: float
+    accelerator: str = ""
+    source: str = ""
+
+
+def prices_env(prices: list[Price]) -> str:
+    return json.dumps([p.__dict__ for p in prices])
+
+
+def parse_prices(raw: str) -> list[Price]:
+    try:
+        return [Price(**p) for p in json.loads(raw)]
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise ConfigError(f"${ENV_PRICES} is not a list of prices ({exc})") from None
+
+
+def match_price(prices: list[Price], node: NodeIdentity) -> tuple[Price, str]:
+    """The price of the candidate this node is, or the dearest that could be it (never less than what is billed)."""
+    def same_instance(p: Price) -> bool:  # GCP rows name GPU VMs n1-standard-4+T4; the VM reports n1-standard-4
+        return node.instance is not None and p.instance.lower().split("+")[0] == node.instance.lower()
+
+    pool = [p for p in prices if node.cloud is None or p.cloud == node.cloud] or prices
+    exact = [p for p in pool if same_instance(p) and (node.spot is None or p.spot == node.spot)]
+    if exact and node.spot is not None:
+        pick = max(exact, key=lambda p: p.usd_per_hour)
+        return pick, f"{pick.cloud} {pick.instance} {'spot' if pick.spot else 'on-demand'}, as this node reports"
+    narrowed = exact or [p for p in pool if node.spot is None or p.spot == node.spot] or pool
+    pick = max(narrowed, key=lambda p: p.usd_per_hour)
+    return pick, (f"the dearest of {len(narrowed)} candidate(s) it may be ({pick.cloud} {pick.instance} "
+                  f"{'spot' if pick.spot else 'on-demand'}): the node did not say enough to tell")
+
+
+def boot_time_unix() -> float | None:
+    """When this machine booted (Linux), which is when a cloud VM began to bill."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+class NodeMeter:
+    """What this job has cost the run so far, and whether it must stop to stay under the cap."""
+
+    def __init__(self, store: Store, cfg: RunConfig, job_id: str, price: Price, price_note: str, nodes: int,
+                 started_unix: float, clock: Callable[[], float] = time.time):
+        self.store, self.cfg, self.job_id, self.price, self.nodes = store, cfg, job_id, price, nodes
+        self.started_unix, self.clock, self.price_note = started_unix, clock, price_note
+        self.rate = price.usd_per_hour * nodes  # $/hour of this job, every node
+        self._last_write = float("-inf")
+        self._others_usd, self._others_burn, self._others_at = 0.0, 0.0, started_unix
+        self._ledger_open_start: float | None = None
+        self.beat(force=True)
+
+    @classmethod
+    def from_env(cls, store: Store, cfg: RunConfig, environ: dict[str, str] | None = None,
+                 clock: Callable[[], float] = time.time) -> "NodeMeter | None":
+        """The meter a launcher asked for, or None when none did (a person running `thrifty train` on a machine
+        of their own: nothing is billed)."""
+        env = os.environ if environ is None else environ
+        raw = env.get(ENV_PRICES)
+        if not raw:
+            return None
+        prices = parse_prices(raw)
+        if not prices:
+            raise ConfigError(f"${ENV_PRICES} names no candidate; the launcher must give the job its prices")
+        managed = env.get("SKYPILOT_MANAGED_JOB_ID")
+        job_id = env.get(ENV_JOB_ID) or (f"{SKYPILOT_JOB_PREFIX}{managed}" if managed else f"node-{os.getpid()}")
+        if env.get(ENV_BILLING_START):
+            started = float(env[ENV_BILLING_START])
+            node = NodeIdentity(prices[0].cloud, prices[0].instance, prices[0].spot) if len(prices) == 1 else \
+                NodeIdentity(None)
+        else:  # a cloud VM: billing began when it booted; ask it what it is
+            from thrifty.launchers.identity import probe
+            from thrifty.launchers.notice import detect_cloud
+
+            started = boot_time_unix() or clock()
+            node = probe(detect_cloud(env))
+        price, note = match_price(prices, node)
+        nodes = int(env.get("SKYPILOT_NUM_NODES") or cfg.compute.num_nodes)
+        return cls(store, cfg, job_id, price, note, nodes, started, clock)
+
+    # ------------------------------------------------------------ the run's spend
+    def _refresh(self, now: float) -> None:
+        """What the run's other attempts cost, from the ledger (read at most once a beat)."""
+        attempts = read_attempts(self.store, self.cfg.run_name, now)
+        mine_open = [a for a in attempts if a.job_id == self.job_id and a.ended_unix is None]
+        others = [a for a in attempts if a not in mine_open]
+        self._others_usd = spend_usd(others, now)
+        self._others_burn = sum(a.usd_per_hour * a.nodes for a in others if a.ended_unix is None)
+        self._others_at = now
+        self._ledger_open_start = min((a.started_unix for a in mine_open), default=None)
+
+    def spend_usd(self, now: float | None = None) -> float:
+        now = self.clock() if now is None else now
+        mine_from = min(self.started_unix, self._ledger_open_start or self.started_unix)  # whichever counts more
+        mine = max(0.0, now - mine_from) / 3600.0 * self.rate
+        return self._others_usd + self._others_burn * max(0.0, now - self._others_at) / 3600.0 + mine
+
+    def burn_usd_per_hour(self) -> float:
+        return self.rate + self._others_burn
+
+    def reserve_s(self, save_s: float, step_s: float) -> float:
+        """Billed after a stop decision on the node: the stop margin the run was planned with, or more when the
+        node has measured a stop to cost more (the step in flight, a checkpoint, exit and teardown). The watch loop
+        holds back a poll interval on top, so while it lives it stops the job first."""
+        return max(stop_margin_s(self.cfg), 2 * step_s + 2 * save_s + TEARDOWN_S[self.cfg.compute.launcher])
+
+    def over_cap(self, save_s: float, step_s: float, now: float | None = None) -> bool:
+        now = self.clock() if now is None else now
+        return over_cap(self.spend_usd(now), self.burn_usd_per_hour(), self.reserve_s(save_s, step_s),
+                        self.cfg.budget.max_usd)
+
+    # ------------------------------------------------------------ the node's record
+    def _record(self, now: float, end: str | None = None) -> MeterRecord:
+        p = self.price
+        ended = now + TEARDOWN_S[self.cfg.compute.launcher] if end else None  # billed until the nodes are gone
+        return MeterRecord(job_id=self.job_id, started_unix=self.started_unix, last_unix=now,
+                           ended_unix=ended, end=end, usd_per_hour=p.usd_per_hour, nodes=self.nodes,
+                           cloud=p.cloud, instance=p.instance, spot=p.spot, price_source=self.price_note)
+
+    def beat(self, force: bool = False) -> None:
+        """Rewrite this attempt's record and re-read the ledger, at most once per ``METER_BEAT_S`` unless forced."""
+        now = self.clock()
+        if not force and now - self._last_write < METER_BEAT_S:
+            return
+        self._last_write = now
+        try:
+            write_meter(self.store, self.cfg.run_name, self._record(now))
+            self._refresh(now)
+        except Exception as exc:  # a store hiccup must not stop training; the ledger's view stays the last one read
+            log.warning("budget meter: could not update the run's record (%s)", exc)
+
+    def close(self, end: str) -> None:
+        """The final record: how and when this attempt stopped billing."""
+        try:
+            write_meter(self.store, self.cfg.run_name, self._record(self.clock(), end))
+        except Exception as exc:
+            log.warning("budget meter: could not write the final record (%s)", exc)

@@ -1,0 +1,79 @@
+"""What the loop writes as it goes: metric lines for the attempt, and when to checkpoint next.
+
+``MetricsWriter``: JSON lines under ``runs/<id>/metrics/`` (one file per attempt). ``CheckpointSchedule``:
+a fixed interval, or Young/Daly from the measured save time and the mean time between preemptions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from thrifty.runs import run_key
+from thrifty.storage import Store
+from training.checkpoint import daly_interval_s
+
+
+class MetricsWriter:
+    """JSON lines for this process's attempt under ``runs/<id>/metrics/``; one file per attempt, no appends to objects."""
+
+    def __init__(self, store: Store, run_id: str):
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        self.store = store
+        self.key = run_key(run_id, "metrics", f"{stamp}-{os.getpid()}.jsonl")
+        direct = store.local_path(self.key)
+        self.upload = direct is None
+        if direct is None:  # object store: write locally, upload at each checkpoint and at the end
+            direct = Path(tempfile.mkdtemp(prefix="thrifty-metrics-")) / "metrics.jsonl"
+        direct.parent.mkdir(parents=True, exist_ok=True)
+        self.path = direct
+        self._f = open(direct, "a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps({"time_unix": round(time.time(), 3), **record}) + "\n")
+
+    def sync(self) -> None:
+        if self.upload:
+            self._f.flush()
+            self.store.put_file(self.key, self.path)
+
+    def close(self) -> None:
+        self.sync()
+        self._f.close()
+
+
+class CheckpointSchedule:
+    """Fixed every N steps, or Young/Daly from the measured save time and the mean time between preemptions."""
+
+    PROBE_STEPS = 10  # auto: first save after this many steps, to measure the save cost
+
+    def __init__(self, every: int | str, mtbp_s: float, start_step: int):
+        self.auto = every == "auto"
+        self.mtbp_s = mtbp_s
+        self.interval = self.PROBE_STEPS if self.auto else int(every)
+        self.last_saved = start_step
+        self.save_s: float | None = None
+
+    def due(self, step: int) -> bool:
+        return step - self.last_saved >= self.interval
+
+    def follow(self, step: int, interval: int) -> None:
+        self.last_saved, self.interval = step, interval
+
+    def saved(self, step: int, save_s: float, step_time_s: float) -> dict[str, Any] | None:
+        """Record a save; for auto, re-plan and return the new plan when it changed by > 20%."""
+        self.last_saved = step
+        self.save_s = save_s if self.save_s is None else 0.7 * self.save_s + 0.3 * save_s
+        if not self.auto:
+            return None
+        tau_s = daly_interval_s(self.save_s, self.mtbp_s)
+        steps = max(1, round(tau_s / max(step_time_s, 1e-9)))
+        if abs(steps - self.interval) <= 0.2 * self.interval:
+            return None
+        self.interval = steps
+        return {"event": "checkpoint_interval", "steps": steps, "seconds": round(tau_s, 2),
+                "save_s": round(self.save_s, 4), "mtbp_s": self.mtbp_s, "step_time_s": round(step_time_s, 5)}
