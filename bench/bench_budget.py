@@ -7,7 +7,7 @@ the real flow (smoke test, gate, local launcher, watch loop, node meter). For ea
 a fraction of the cap (goal: never above 1.00), how the run ended, the steps trained, the newest
 checkpoint, and whether it lies within one checkpoint interval of where training stopped.
 
-    python bench/bench_budget.py                 # ~6 min on a 2-core CPU
+    python bench/bench_budget.py                 # ~8 min on a 2-core CPU
     python bench/bench_budget.py --fractions 0.5 1 --polls 5 --json out.json
 """
 
@@ -26,6 +26,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the table below is the output
 
 CHECKPOINT_EVERY = 25
 
@@ -35,7 +36,7 @@ def config(store: Path, run: str, max_usd: float, margin_s: float):
 
     return build_config({
         "run_name": run, "recipe": "digits", "store": str(store), "recipe_params": {"hidden": 512},
-        "train": {"max_epochs": 8, "micro_batch": 16, "precision": "fp32", "checkpoint_every": CHECKPOINT_EVERY,
+        "train": {"max_epochs": 40, "micro_batch": 16, "precision": "fp32", "checkpoint_every": CHECKPOINT_EVERY,
                   "log_every": 5, "early_stopping": {"enabled": False}},
         "compute": {"emulate": "aws:p5.48xlarge"},
         "budget": {"max_usd": max_usd, "allow_over_budget": True, "stop_margin_s": margin_s,

@@ -11,6 +11,7 @@ from flows.hooks import ENDS
 from thrifty.cli import config_for_today
 from thrifty.preflight import check_before_spending
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED, EXIT_OK
+from training.validate import check_config
 
 EXIT_CODES = {"StoppedAtCap": EXIT_BUDGET, "BadInput": EXIT_BAD_INPUT}  # by the flow's final state
 
@@ -20,6 +21,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     cfg = config_for_today(args)
     check_before_spending(cfg)
+    check_config(cfg)  # an unknown recipe or a bad option: exit 2 now, not after a flow has started
     console.print(f"[bold]thrifty run[/] {cfg.run_name}: recipe {cfg.recipe}, store {cfg.store}, "
                   f"{cfg.compute.launcher} launcher ({cfg.compute.emulate} {'spot' if cfg.compute.use_spot else 'on-demand'})")
     from flows.train_pipeline import train_pipeline

@@ -8,6 +8,7 @@ once more by the hooks. A task decorated with :func:`fails_quietly` returns ``Fa
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Callable, TypeVar
 
 from prefect.states import Failed, State
@@ -21,6 +22,19 @@ BAD_INPUT = "BadInput"  # the name of a Failed state a user error ends in
 USER_ERRORS = (ConfigError, StoreError, OverBudgetPlan, SmokeTestFailed)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _NoEmptyTraceback(logging.Filter):
+    """Prefect logs a task's returned Failed state with ``exc_info=True`` and no exception in flight, which prints
+    a bare "NoneType: None" under the message: drop the empty exception info, keep the line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[0] is None:
+            record.exc_info = None
+        return True
+
+
+logging.getLogger("prefect.task_runs").addFilter(_NoEmptyTraceback())
 
 
 def bad_input(exc: BaseException) -> State:

@@ -187,7 +187,8 @@ def test_retention_drops_torn_leftovers_older_than_the_newest(store):
     mgr = CheckpointManager(store, RUN, keep_last=5)
     mgr.save(fake_state(10), 10, None)
     mgr.save(fake_state(20), 20, None)
-    (ckpt_dir(store, 20) / "COMMIT").unlink()  # a torn write at 20 ...
+    (ckpt_dir(store, 20) / "COMMIT").unlink()  # a torn write at 20: its process died before the commit ...
+    mgr = CheckpointManager(store, RUN, keep_last=5)  # ... and the next one resumed
     mgr.save(fake_state(30), 30, None)  # ... is garbage once 30 is complete
     assert not ckpt_dir(store, 20).exists()
     assert [c.step for c in mgr.committed()] == [10, 30]

@@ -1,7 +1,8 @@
 """Fault points for crash tests: ``THRIFTY_FAULT=<point>:<n>`` SIGKILLs this process the n-th time it passes ``point``.
 
-Points: ``step`` (after an optimizer step), ``after_data`` (checkpoint data written, commit not yet),
-``after_commit``, ``archive_move`` (an object moved to the cold tier). Unset in normal runs, where a
+Points: ``step`` (after an optimizer step), ``during_data`` (a write call inside a checkpoint's data),
+``after_data`` (checkpoint data written, commit not yet), ``after_commit``, ``archive_move`` (an
+object moved to the cold tier). Unset in normal runs, where a
 fault point is one dictionary lookup.
 """
 

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from thrifty.config import ConfigError
+from thrifty.procs import process_alive, process_started
 from thrifty.protocol import ENV_LEASE_TOKEN
 from thrifty.runs import run_key
 from thrifty.storage import Conflict, NotFound, Store
@@ -47,26 +48,6 @@ Clock = Callable[[], float]
 
 def lease_key(run_id: str) -> str:
     return run_key(run_id, LEASE_FILE)
-
-
-def process_started(pid: int) -> str:
-    """The kernel's start time of ``pid`` (Linux: /proc/<pid>/stat field 22), "" where it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
-def process_alive(pid: int, started: str) -> bool:
-    """Whether process ``pid`` runs, and is the one that started at ``started`` (not a later one given its pid)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive
-    return not started or process_started(pid) in ("", started)
 
 
 def _utc(unix: float) -> str:

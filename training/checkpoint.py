@@ -11,10 +11,10 @@ import hashlib
 import json
 import logging
 import math
-import tempfile
+import contextlib
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 import torch
 
@@ -22,6 +22,8 @@ from thrifty import checkpoints as layout
 from thrifty.checkpoints import CheckpointArchived, CheckpointInfo
 from thrifty.faults import fault_point
 from thrifty.storage import Archived, NotFound, Store, join_key
+from thrifty.storage.atomic import temp_beside
+from thrifty.storage.spool import spool_dir
 
 log = logging.getLogger("thrifty.checkpoint")
 
@@ -35,36 +37,48 @@ class CheckpointManager:
         self.prefix = layout.ckpt_prefix(run_id)
         self.keep_last = keep_last
         self.mode = mode  # how "best" is judged: min or max of the commit's metric
+        self._index: list[CheckpointInfo] | None = None  # complete checkpoints, once listed
 
     # ------------------------------------------------------------------ listing
     def committed(self) -> list[CheckpointInfo]:
-        """Complete checkpoints, oldest first."""
-        return layout.committed(self.store, self.run_id)
+        """Complete checkpoints, oldest first, as the store holds them now (a listing and a read of each COMMIT)."""
+        self._index = layout.committed(self.store, self.run_id)
+        return list(self._index)
+
+    def _known(self) -> list[CheckpointInfo]:
+        """Complete checkpoints as this manager keeps them: read once, then updated by its own saves and prunes
+        (one process writes a run's checkpoints: the run's lease says so)."""
+        return list(self._index) if self._index is not None else self.committed()
 
     def best(self, infos: list[CheckpointInfo]) -> CheckpointInfo | None:
         return layout.best(infos, self.mode)
 
     # ------------------------------------------------------------------ saving
     def save(self, state: dict[str, Any], step: int, metric: float | None) -> float:
-        """Write a checkpoint for ``step`` atomically; returns seconds taken."""
+        """Write a checkpoint for ``step`` atomically; returns seconds taken.
+
+        The state is streamed into the store once (beside its target on a file store, spooled then
+        uploaded on an object store) while its sha256 is computed; the COMMIT record, written last,
+        carries it. Nothing is read back.
+        """
         t0 = time.perf_counter()
         ckpt = layout.step_prefix(self.run_id, step)
-        with tempfile.TemporaryDirectory(prefix="thrifty-ckpt-") as tmp:
-            local = Path(tmp) / "state.pt"
-            torch.save(state, local)
-            digest, size = _sha256_file(local)
-            self.store.put_file(join_key(ckpt, layout.STATE), local)
+        with self.store.writer(join_key(ckpt, layout.STATE)) as f:
+            sink = _Hashing(f)
+            torch.save(state, sink)
         fault_point("after_data")
-        commit = {"step": step, "bytes": size, "sha256": digest, "metric": metric, "metric_mode": self.mode,
-                  "time_unix": time.time()}
+        commit = {"step": step, "bytes": sink.size, "sha256": sink.hexdigest(), "metric": metric,
+                  "metric_mode": self.mode, "time_unix": time.time()}
         self.store.put_bytes(join_key(ckpt, layout.COMMIT), json.dumps(commit).encode())
         fault_point("after_commit")
+        index = [c for c in self._known() if c.step != step]
+        self._index = sorted(index + [CheckpointInfo(step, ckpt, commit)], key=lambda c: c.step)
         self.prune()
         return time.perf_counter() - t0
 
     def prune(self) -> None:
         """Keep the last ``keep_last`` complete checkpoints and the best one; drop torn leftovers below them."""
-        infos = self.committed()
+        infos = self._known()
         keep = {c.step for c in infos[-self.keep_last :]}
         best = self.best(infos)
         if best is not None:
@@ -72,13 +86,15 @@ class CheckpointManager:
         for c in infos:
             if c.step not in keep:
                 self._delete(c.prefix)
+        self._index = [c for c in infos if c.step in keep]
         newest = infos[-1].step if infos else None
-        if newest is not None:  # torn writes older than the newest complete checkpoint are garbage
+        if newest is not None:  # torn writes older than the newest complete checkpoint are garbage: one listing
             committed_steps = {c.step for c in infos}
             for obj in self.store.list(self.prefix + "/"):
                 step = layout.step_of_dir(obj.key.rpartition("/")[0])
                 if step is not None and step < newest and step not in committed_steps:
                     self.store.delete(obj.key)
+            self.store.sweep(self.prefix)  # and what killed writers left beside them (temp files, empty dirs)
 
     def _delete(self, ckpt_prefix: str) -> None:
         self.store.delete(join_key(ckpt_prefix, layout.COMMIT))  # first: it stops being "complete"
@@ -95,22 +111,58 @@ class CheckpointManager:
         for info in reversed(self.committed()):
             if info.archived:
                 raise layout.archived_error(self.store, self.run_id, info)
-            with tempfile.TemporaryDirectory(prefix="thrifty-ckpt-") as tmp:
-                local = Path(tmp) / "state.pt"
-                try:
-                    self.store.get_file(join_key(info.prefix, layout.STATE), local)
-                except Archived:
-                    raise layout.archived_error(self.store, self.run_id, info) from None
-                except NotFound:
-                    log.warning("checkpoint at step %d has a commit record but no data; trying an older one", info.step)
-                    continue
-                digest, size = _sha256_file(local)
-                if (digest, size) != (info.commit.get("sha256"), info.commit.get("bytes")):
-                    log.warning("checkpoint at step %d is damaged (hash mismatch); trying an older one", info.step)
-                    continue
-                state = torch.load(local, map_location="cpu", weights_only=True)
+            key = join_key(info.prefix, layout.STATE)
+            try:
+                with _local_copy(self.store, key) as local:
+                    digest, size = _sha256_file(local)
+                    if (digest, size) != (info.commit.get("sha256"), info.commit.get("bytes")):
+                        log.warning("checkpoint at step %d is damaged (hash mismatch); trying an older one", info.step)
+                        continue
+                    state = torch.load(local, map_location="cpu", weights_only=True)
+            except Archived:
+                raise layout.archived_error(self.store, self.run_id, info) from None
+            except NotFound:
+                log.warning("checkpoint at step %d has a commit record but no data; trying an older one", info.step)
+                continue
             return info, state
         return None
+
+
+class _Hashing:
+    """A write-only file that hashes and counts what passes through it (what torch.save writes)."""
+
+    def __init__(self, f: BinaryIO):
+        self.f, self.size, self._h = f, 0, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self._h.update(data)
+        self.size += len(data)
+        written = self.f.write(data)
+        fault_point("during_data")  # crash tests: a kill in the middle of a checkpoint's data
+        return written
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+@contextlib.contextmanager
+def _local_copy(store: Store, key: str) -> Iterator[Path]:
+    """The object as a local file: in place on a file store, else fetched into the spool and removed after."""
+    path = store.local_path(key)
+    if path is not None:
+        if not path.is_file():
+            store.get_bytes(key)  # NotFound or Archived, as the object stores say it
+        yield path
+        return
+    tmp = Path(temp_beside(spool_dir() / "state.pt"))
+    try:
+        store.get_file(key, tmp)
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _sha256_file(path: Path) -> tuple[str, int]:

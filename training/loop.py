@@ -27,7 +27,7 @@ from thrifty import lease
 from thrifty.faults import fault_point
 from thrifty.meter import NodeMeter
 from thrifty.protocol import ENV_LEASE_TOKEN
-from thrifty.runs import BestMetric, RunSummary, write_summary
+from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
 from training.checkpoint import CheckpointManager
 from training.data import Split, epoch_permutation, open_cache
@@ -52,6 +52,13 @@ log = logging.getLogger("thrifty.train")
 
 
 LEASE_BEAT_S = 10.0  # a `thrifty train` renews its lease this often
+
+
+MAX_NONFINITE_STEPS = 20  # with fp16's GradScaler, a few inf/nan steps are skipped by design; this many is divergence
+
+
+class TrainingDiverged(ConfigError):
+    """The loss is not finite: more steps would only burn money (exit 2: a setting to change, never a restart)."""
 
 
 class IncompatibleCheckpoint(ConfigError):
@@ -183,6 +190,10 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     device = pick_device(tc.device, dist)
     amp = pick_precision(tc.precision, device)
     dist.init(device)
+    if dist.is_main:
+        swept = store.sweep(run_key(run_id))  # what killed writers of this run left: temp files, empty directories
+        if swept:
+            log.info("removed %d file(s) a killed writer of run %r left behind", swept, run_id)
     # the cap, enforced here too: a job whose flow died (a killed `thrifty run`, a closed laptop) still stops
     meter = NodeMeter.from_env(store, cfg) if dist.is_main else None
     if meter is not None:
@@ -292,6 +303,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     window = {"loss": 0.0, "n": 0, "wait": 0.0, "time": 0.0}
     perm, perm_epoch = None, -1
     interrupted: str | None = None  # "signal" | "budget"
+    diverged = 0  # consecutive steps with a loss that is not finite
     last_saved_step = state.step if loaded else -1
     if dist.any(stop.signum is not None):  # a notice during start-up: nothing trained yet, nothing new to save
         interrupted = "signal"
@@ -313,6 +325,12 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
 
         loss = optimizer_step(ddp_model, recipe, fetch, tc.grad_accum_steps, optimizer, scaler, device, amp,
                               tc.grad_clip, ddp=dist.enabled)
+        diverged = diverged + 1 if not math.isfinite(loss) else 0
+        if diverged and (not scaler.is_enabled() or diverged >= MAX_NONFINITE_STEPS):  # fp16 skips a few by design
+            raise TrainingDiverged(
+                f"the training loss became {loss} at step {state.step + 1}{' and stayed so' if diverged > 1 else ''}: "
+                f"the run diverged. Lower train.lr (now {tc.lr:g}), set train.grad_clip, or check the data; the last "
+                "checkpoint (before it) is kept.")
         scheduler.step()
         state.step += 1
         state.batch_in_epoch += 1

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from thrifty.runs import run_key
 from thrifty.storage import Store
+from thrifty.storage.atomic import temp_beside
+from thrifty.storage.spool import spool_dir
 from training.checkpoint import daly_interval_s
 
 
@@ -27,8 +28,8 @@ class MetricsWriter:
         self.key = run_key(run_id, "metrics", f"{stamp}-{os.getpid()}.jsonl")
         direct = store.local_path(self.key)
         self.upload = direct is None
-        if direct is None:  # object store: write locally, upload at each checkpoint and at the end
-            direct = Path(tempfile.mkdtemp(prefix="thrifty-metrics-")) / "metrics.jsonl"
+        if direct is None:  # object store: write in the spool, upload at each checkpoint and at the end
+            direct = Path(temp_beside(spool_dir() / "metrics.jsonl"))
         direct.parent.mkdir(parents=True, exist_ok=True)
         self.path = direct
         self._f = open(direct, "a", buffering=1)
@@ -44,6 +45,8 @@ class MetricsWriter:
     def close(self) -> None:
         self.sync()
         self._f.close()
+        if self.upload:  # the spooled copy is in the store now
+            self.path.unlink(missing_ok=True)
 
 
 class CheckpointSchedule:

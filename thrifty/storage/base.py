@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, ContextManager, Protocol
 
 
 class StoreError(RuntimeError):
@@ -73,6 +73,14 @@ class Store(Protocol):
         ``priority`` is bulk | standard | high (the provider's cheaper/faster retrieval options);
         ``days`` is how long S3 keeps a restored copy readable before it is copied back to STANDARD.
         """
+        ...
+    def writer(self, key: str) -> ContextManager[BinaryIO]:
+        """A file to stream an object into (a checkpoint, a metrics file): it appears at ``key`` whole when the block
+        ends, or not at all. File stores write beside the target; object stores spool locally, then upload."""
+        ...
+    def sweep(self, prefix: str = "") -> int:
+        """Remove what killed writers left (temp files whose writer is gone, the directories they leave empty)
+        under ``prefix``, and in this machine's spool; the number of files removed."""
         ...
     def local_path(self, key: str) -> Path | None:
         """A path readable in place (file stores), or None where the object must be fetched."""

@@ -10,9 +10,9 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
-from thrifty.storage.atomic import atomic_write_bytes, fsync_dir, replace_atomically
+from thrifty.storage.atomic import atomic_write_bytes, fsync_dir, replace_atomically, sweep_dir, write_atomically
 from thrifty.storage.base import Archived, Conflict, NotFound, ObjectInfo, RestoreStatus, StoreError, _clean_key
 
 FILE_ARCHIVE_AREA = "archive"  # a file store's cold tier: <root>/archive/<key>; keys may not start with it
@@ -68,6 +68,17 @@ class FileStore:
         replace_atomically(self._path(key), lambda tmp: shutil.copyfile(local_path, tmp))
         self._dropped_archived_copy(key)
 
+    @contextlib.contextmanager
+    def writer(self, key: str) -> Iterator[BinaryIO]:
+        """Written straight beside its target (one copy), renamed into place when the block ends."""
+        with write_atomically(self._path(key)) as f:
+            yield f
+        self._dropped_archived_copy(key)
+
+    def sweep(self, prefix: str = "") -> int:
+        top = self.root / prefix.strip("/") if prefix.strip("/") else self.root
+        return sweep_dir(top) if top.is_dir() and top.is_relative_to(self.root) else 0
+
     def get_file(self, key: str, local_path: str | Path) -> None:
         src = self._path(key)
         if not src.is_file():
@@ -105,7 +116,11 @@ class FileStore:
                 p = Path(dirpath) / name
                 key = p.relative_to(area).as_posix()
                 if key.startswith(prefix) and not (area == self.root and key.startswith(FILE_ARCHIVE_AREA + "/")):
-                    yield key, p.stat()
+                    try:
+                        st = p.stat()
+                    except FileNotFoundError:  # deleted while we walked (pruning, archival): not there any more
+                        continue
+                    yield key, st
 
     def delete(self, key: str) -> None:
         p = self._path(key)
@@ -211,7 +226,7 @@ class FileStore:
         for _ in range(10):  # a concurrent delete may prune the directory between mkdir and the temp file
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
             except FileNotFoundError:
                 continue
             break

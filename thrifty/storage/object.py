@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from thrifty.storage.base import Archived, NotFound, StoreError, _clean_key
+from thrifty.storage.spool import spooled, sweep_spool
 
 DEFAULT_PART_SIZE_BYTES = 16 << 20  # uploads above this go in parts of this size; one part is the most held in memory
 
@@ -54,6 +55,16 @@ class _ObjectStore:
 
     def local_path(self, key: str) -> Path | None:
         return None
+
+    @contextlib.contextmanager
+    def writer(self, key: str) -> Iterator[BinaryIO]:
+        """Spooled on this machine, uploaded whole (in parts above the part size) when the block ends."""
+        with spooled(lambda path: self.put_file(key, path), key.rpartition("/")[2]) as f:
+            yield f
+
+    def sweep(self, prefix: str = "") -> int:
+        """Uploads are atomic, so the store holds no leftovers (a bucket rule aborts multipart ones); the spool may."""
+        return sweep_spool()
 
     # backends override these two
     def _is_missing_key(self, exc: BaseException) -> bool:
