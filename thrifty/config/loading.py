@@ -1,0 +1,111 @@
+"""Where a RunConfig comes from: a YAML or JSON file, ``$THRIFTY_RUN_CONFIG`` on a node, ``--set`` overrides."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from thrifty.config.base import ConfigError
+from thrifty.config.run import RunConfig, build_config
+from thrifty.protocol import ENV_CONFIG as ENV_VAR  # the RunConfig as JSON, in the environment of a training node
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # YAML 1.1 reads 3e-4 as a string
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``train.lr=3e-4`` -> (['train', 'lr'], 0.0003); the value is read as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value, e.g. train.lr=0.0003")
+    key, raw = item.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ConfigError(f"override {item!r} has no key before '='")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from exc
+    if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+        value = float(value)  # YAML 1.1 reads 3e-4 as a string
+    elif not isinstance(value, (str, int, float, bool, list, dict, type(None))):
+        value = raw  # dates and other YAML types: keep the text as given (run_name=2024-06-01)
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    out = json.loads(json.dumps(data))  # deep copy of plain data
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for p in path[:-1]:
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: '{p}' is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; pass --config with a YAML or JSON RunConfig")
+    try:
+        text = p.read_text()
+        if not text.strip():
+            data = None
+        else:
+            data = yaml.safe_load(text) if p.suffix in (".yaml", ".yml") else json.loads(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid {'YAML' if p.suffix != '.json' else 'JSON'}: {exc}") from exc
+    if data is None:  # an empty file, YAML or JSON alike, means every default (a local run: nothing is rented)
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of settings at the top level")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a RunConfig from a YAML/JSON file (or defaults) and apply ``section.key=value`` overrides."""
+    data = read_config_file(path) if path else {}
+    data = apply_overrides(data, overrides or [])
+    return build_config(data, source=str(path) if path else "defaults")
+
+
+def config_from_env(environ: dict[str, str]) -> RunConfig | None:
+    raw = environ.get(ENV_VAR)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"${ENV_VAR} is not valid JSON: {exc}") from exc
+    return build_config(data, source=f"${ENV_VAR}")
+
+
+def resolve_config(path: str | Path | None, overrides: list[str], environ: dict[str, str]) -> RunConfig:
+    """What every command trains: the file given, else ``$THRIFTY_RUN_CONFIG`` (a node), else the defaults;
+    then the ``section.key=value`` overrides, validated together."""
+    if path:
+        return load_config(path, overrides)
+    from_env = config_from_env(environ)
+    if from_env is None:
+        return load_config(None, overrides)
+    if not overrides:
+        return from_env
+    return build_config(apply_overrides(from_env.model_dump(mode="json"), overrides), f"${ENV_VAR} with overrides")
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE`` and repeatable ``--set section.key=value``: how every command takes a RunConfig."""
+    parser.add_argument("--config", "-c", help=f"RunConfig file (YAML or JSON); default: ${ENV_VAR} or defaults")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one setting, e.g. --set train.lr=3e-4 (repeatable)")
+
+
+def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> RunConfig:
+    return resolve_config(args.config, args.overrides, environ)

@@ -1,0 +1,103 @@
+"""RunConfig: one training run, and its validation into friendly errors."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+
+from thrifty.config.base import ConfigError, StoreUri, _Frozen
+from thrifty.config.sections import BudgetConfig, ComputeConfig, TrainConfig
+
+
+# Forms checked by pattern, so they are in the JSON schema and the Prefect UI form enforces them too;
+# each pattern's user-facing wording for errors:
+RUN_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.\-]|\{date\}){0,62}$"
+RECIPE_PATTERN = r"^([A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"
+PATTERN_HELP = {
+    RUN_NAME_PATTERN: "must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit; "
+                      "'{date}' is replaced by the run's scheduled date (YYYYMMDD), e.g. 'nightly-{date}'",
+    RECIPE_PATTERN: "must be a built-in name (digits, codelm) or 'package.module:function'",
+}
+
+
+class RunConfig(_Frozen):
+    """One training run: what to train, where to keep it, what to rent, and what it may cost."""
+
+    run_name: str = Field(
+        "digits-demo", pattern=RUN_NAME_PATTERN,
+        description="The run id and resume key: checkpoints live under <store>/runs/<run_name>/. "
+        "'{date}' becomes the run's scheduled date, so a nightly deployment trains a new run each night.",
+    )
+    recipe: str = Field("digits", pattern=RECIPE_PATTERN,
+                        description="digits | codelm | 'package.module:function' returning a Recipe.")
+    recipe_params: dict[str, Any] = Field(default_factory=dict, description="Recipe options (validated by the recipe).")
+    store: StoreUri = Field(".thrifty/store", description="Where shards, checkpoints and ledgers go: a path, file://, s3://, gs://, az://.")
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+
+    @field_validator("run_name")
+    @classmethod
+    def _dated_name_fits(cls, v: str) -> str:
+        if len(_dated(v, dt.date.today())) > 63:
+            raise ValueError(f"run_name {v!r} is {len(_dated(v, dt.date.today()))} characters once '{{date}}' becomes "
+                             "YYYYMMDD; the limit is 63, shorten it")
+        return v
+
+    def resolved(self, when: dt.date) -> "RunConfig":
+        """This config with '{date}' in run_name replaced by ``when`` (YYYYMMDD), validated again like any input."""
+        if "{date}" not in self.run_name:
+            return self
+        return self.updated({"run_name": _dated(self.run_name, when)}, "run_name with its '{date}' resolved")
+
+    def updated(self, changes: dict[str, Any], source: str = "an update") -> "RunConfig":
+        """A copy with top-level ``changes``, validated (never ``model_copy``, which skips validation)."""
+        return build_config({**self.model_dump(mode="json"), **changes}, source)
+
+    def require_resolved(self) -> "RunConfig":
+        """Raise unless '{date}' was resolved: a node must train under the name its launcher resolved and priced."""
+        if "{date}" in self.run_name:
+            raise ConfigError(f"'run_name': {self.run_name!r} still holds '{{date}}'; the flow (or `thrifty train`) "
+                              "resolves it before training starts, so this config did not come from one of them")
+        return self
+
+    def to_env_json(self) -> str:
+        """The config as compact JSON, for the environment of a training node."""
+        return self.model_dump_json()
+
+    def training_fingerprint(self) -> str:
+        """A hash of what decides the trained weights (recipe, its params, the train section): a finished run
+        with the same fingerprint has nothing left to train, whatever its budget or compute settings."""
+        what = {"recipe": self.recipe, "recipe_params": self.recipe_params, "train": self.train.model_dump(mode="json")}
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _dated(run_name: str, when: dt.date) -> str:
+    return run_name.replace("{date}", when.strftime("%Y%m%d"))
+
+
+def format_validation_error(err: ValidationError, source: str, what: str = "run config") -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            parts.append(f"'{loc}' is not a known setting (remove it or check its spelling)")
+        elif e["type"] == "string_pattern_mismatch" and e["ctx"]["pattern"] in PATTERN_HELP:
+            parts.append(f"'{loc}' {PATTERN_HELP[e['ctx']['pattern']]} (got {e['input']!r})")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            given = e.get("input")
+            shown = "" if isinstance(given, (dict, list)) or given is None else f" (got {given!r})"
+            parts.append(f"'{loc}': {msg}{shown}")
+    return f"Invalid {what} from {source}: " + "; ".join(parts) + ". Fix these settings and run again."
+
+
+def build_config(data: dict[str, Any], source: str = "input") -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None

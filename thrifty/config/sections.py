@@ -1,0 +1,185 @@
+"""The RunConfig's sections: train (the loop), compute (where it runs), budget (what it may cost)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Union
+
+from pydantic import Field, field_validator, model_validator
+
+from thrifty.config.base import _Frozen
+
+
+class EarlyStoppingConfig(_Frozen):
+    enabled: bool = Field(True, description="Stop when the validation metric stops improving.")
+    metric: str = Field("val_loss", description="Validation metric watched, e.g. val_loss or val_accuracy.")
+    mode: Literal["min", "max"] = Field("min", description="min: lower is better; max: higher is better.")
+    patience: int = Field(3, ge=0, description="Evaluations without improvement before stopping (count).")
+    min_delta: float = Field(0.0, ge=0.0, description="Smallest change that counts as an improvement (metric units).")
+
+    @model_validator(mode="after")
+    def _patience_when_enabled(self) -> "EarlyStoppingConfig":
+        if self.enabled and self.patience < 1:
+            raise ValueError(
+                "patience must be >= 1 when early stopping is enabled "
+                "(set train.early_stopping.patience to 1 or more, or train.early_stopping.enabled=false)"
+            )
+        return self
+
+
+class TrainConfig(_Frozen):
+    max_epochs: int = Field(20, ge=1, description="Upper bound on passes over the training set (epochs).")
+    max_steps: int | None = Field(None, ge=1, description="Optional cap on optimizer steps; null = max_epochs decides.")
+    micro_batch: int = Field(64, ge=1, description="Examples per forward/backward pass, per process (examples).")
+    grad_accum_steps: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step (count).")
+    lr: float = Field(1e-3, gt=0.0, description="Peak learning rate of AdamW (per step).")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay (fraction per step).")
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up length (optimizer steps); cosine decay after.")
+    grad_clip: float | None = Field(1.0, gt=0.0, description="Clip the global gradient norm to this (L2 norm); null = off.")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="Autocast dtype. auto = bf16 on GPUs that have it, fp16 + GradScaler on older GPUs, fp32 on CPU."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
+    checkpoint_every: Union[int, Literal["auto"]] = Field(
+        "auto",
+        description="Optimizer steps between checkpoints, or auto = Young/Daly optimum from the measured save "
+        "time and mean_time_between_preemptions_s.",
+    )
+    mean_time_between_preemptions_s: float = Field(
+        7200.0, gt=0.0, description="Expected seconds between spot preemptions, for the auto checkpoint interval (s)."
+    )
+    keep_last: int = Field(3, ge=1, description="Complete checkpoints kept besides the best one (count).")
+    eval_every: int | None = Field(
+        None, ge=1, description="Optimizer steps between validations; null = once per epoch."
+    )
+    log_every: int = Field(10, ge=1, description="Optimizer steps between metric lines (steps).")
+    early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
+    seed: int = Field(0, ge=0, lt=2**32, description="Seed for weights, data order and dropout (integer, 0 to 2^32-1).")
+
+    @field_validator("checkpoint_every")
+    @classmethod
+    def _positive_interval(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("checkpoint_every must be a positive number of steps or 'auto'")
+        return v
+
+    def examples_per_step(self, world: int) -> int:
+        """Examples in one optimizer step across ``world`` processes."""
+        return self.micro_batch * self.grad_accum_steps * world
+
+    def steps_per_epoch(self, n_train: int, world: int) -> int:
+        """Optimizer steps in one pass over ``n_train`` examples (a last partial step is dropped)."""
+        return n_train // self.examples_per_step(world)
+
+    def total_steps(self, n_train: int, world: int) -> int:
+        """Optimizer steps the run takes if it never stops early: the one rule the gate and the loop share."""
+        total = self.max_epochs * self.steps_per_epoch(n_train, world)
+        return min(total, self.max_steps) if self.max_steps is not None else total
+
+
+class ComputeConfig(_Frozen):
+    launcher: Literal["local", "skypilot"] = Field("local", description="local = emulated spot on this machine.")
+    clouds: list[Literal["aws", "gcp", "azure"]] = Field(
+        default_factory=lambda: ["aws", "gcp", "azure"], min_length=1, description="Clouds SkyPilot may choose from."
+    )
+    accelerators: list[str] = Field(
+        default_factory=lambda: ["A10G:1", "L4:1"], min_length=1, description="Candidate accelerators, NAME:COUNT."
+    )
+    use_spot: bool = Field(True, description="Rent spot (preemptible) instances.")
+    on_demand_fallback: bool = Field(True, description="Fall back to on-demand when no spot capacity is found.")
+    num_nodes: int = Field(1, ge=1, description="Nodes in the job (count).")
+    max_restarts: int = Field(3, ge=0, description="Recoveries after failures (not preemptions) before giving up (count).")
+    max_hourly_cost: float | None = Field(
+        None, gt=0.0, description="SkyPilot: only instances at or below this price per node (spot price for spot) (USD/hour)."
+    )
+    job_recovery_strategy: Literal["EAGER_NEXT_REGION", "FAILOVER"] = Field(
+        "EAGER_NEXT_REGION", description="SkyPilot: after a preemption, try another region at once, or retry the same region first."
+    )
+    regions: list[str] = Field(
+        default_factory=list,
+        description="SkyPilot: restrict a cloud to these regions, as 'cloud/region' (e.g. 'aws/us-east-1'); clouds not named stay unrestricted.",
+    )
+    disk_size_gb: int | None = Field(None, ge=10, description="SkyPilot: OS disk per node; null = SkyPilot's default (GB).")
+    store_access: Literal["sdk", "mount_cached"] = Field(
+        "sdk",
+        description="SkyPilot: the node reads and writes the store through the cloud SDK (atomic checkpoints), or "
+        "through a MOUNT_CACHED bucket mount (asynchronous uploads).",
+    )
+    workdir: str = Field(".", description="SkyPilot: the project directory synced to the node and installed by setup.")
+    stop_checkpoint_timeout_s: float = Field(
+        180.0, gt=0.0, description="SkyPilot: a cancel waits this long for the node to checkpoint before tearing it down (s)."
+    )
+    emulate: str = Field("aws:g5.xlarge", description="Local launcher: CLOUD:INSTANCE whose spot price is metered.")
+    preempt_after_s: float | None = Field(None, gt=0.0, description="Local launcher: inject a preemption after this many seconds (s).")
+    preempt_after_steps: int | None = Field(None, ge=1, description="Local launcher: inject a preemption after this step (steps).")
+    preempt_mode: Literal["sigterm", "kill"] = Field("sigterm", description="Local launcher: notice+grace (sigterm) or hard kill.")
+    preempt_grace_s: float = Field(30.0, gt=0.0, description="Local launcher: seconds between SIGTERM and SIGKILL (s).")
+
+    @field_validator("accelerators")
+    @classmethod
+    def _accelerator_form(cls, v: list[str]) -> list[str]:
+        for acc in v:
+            if not re.fullmatch(r"[A-Za-z0-9\-]+(:[1-9][0-9]*)?", acc):
+                raise ValueError(f"accelerator {acc!r} must look like NAME or NAME:COUNT, e.g. 'A10G:1'")
+        return v
+
+    @field_validator("emulate")
+    @classmethod
+    def _emulate_form(cls, v: str) -> str:
+        if not re.fullmatch(r"(aws|gcp|azure):[A-Za-z0-9_.+\-]+", v):  # GCP rows look like n1-standard-4+T4
+            raise ValueError(f"emulate {v!r} must look like CLOUD:INSTANCE, e.g. 'aws:g5.xlarge'")
+        return v
+
+    @field_validator("regions")
+    @classmethod
+    def _region_form(cls, v: list[str]) -> list[str]:
+        for r in v:
+            if not re.fullmatch(r"(aws|gcp|azure)/[a-z0-9\-]+", r):
+                raise ValueError(f"region {r!r} must look like CLOUD/REGION, e.g. 'aws/us-east-1' or 'gcp/us-central1'")
+        return v
+
+    @model_validator(mode="after")
+    def _regions_in_clouds(self) -> "ComputeConfig":
+        stray = sorted({r.split("/")[0] for r in self.regions} - set(self.clouds))
+        if stray:
+            raise ValueError(f"regions name cloud(s) {stray} that are not in clouds {self.clouds}; add them to clouds or drop those regions")
+        return self
+
+
+class BudgetConfig(_Frozen):
+    max_usd: float = Field(10.0, gt=0.0, description="Hard cap on the run's spend: the job is stopped (with a checkpoint) here (USD).")
+    max_gpu_hours: float | None = Field(None, gt=0.0, description="Optional cap on GPU time, summed over attempts and nodes (GPU-hours).")
+    burn_rate_alert_usd_per_hour: float | None = Field(5.0, gt=0.0, description="Alert while the run burns more than this (USD/hour); null = off.")
+    burn_rate_alert_every_s: float = Field(1800.0, gt=0.0, description="A burn-rate alert repeats at most this often (s).")
+    thresholds: list[float] = Field(
+        default_factory=lambda: [0.5, 0.8, 1.0], min_length=1,
+        description="Alert once each when spend reaches these fractions of max_usd (fractions, increasing).",
+    )
+    notify: list[str] = Field(
+        default_factory=list,
+        description="Prefect notification blocks to alert, as 'block-type/block-name', e.g. 'slack-webhook/ml-alerts'.",
+    )
+    stop_margin_s: float | None = Field(
+        None, ge=0.0,
+        description="The longest a stop at the cap may take: the job is told to checkpoint this long (plus one poll "
+        "interval) of burn before the cap, and is killed if it has not stopped by then (s). null = the launcher's "
+        "default: 30 s locally, 240 s on SkyPilot (a checkpoint upload, then the VMs torn down).",
+    )
+    allow_over_budget: bool = Field(
+        False, description="Launch even when the pre-launch estimate exceeds max_usd (the hard cap still applies)."
+    )
+
+    @field_validator("thresholds")
+    @classmethod
+    def _ordered(cls, v: list[float]) -> list[float]:
+        if any(t <= 0 or t > 1 for t in v) or v != sorted(set(v)):
+            raise ValueError("thresholds must be strictly increasing fractions in (0, 1], e.g. [0.5, 0.8, 1.0]")
+        return v
+
+    @field_validator("notify")
+    @classmethod
+    def _block_refs(cls, v: list[str]) -> list[str]:
+        for ref in v:
+            if not re.fullmatch(r"[a-z0-9][a-z0-9\-]*/[A-Za-z0-9][\w\-]*", ref):
+                raise ValueError(f"notify entry {ref!r} must be 'block-type/block-name', e.g. 'custom-webhook/ops'")
+        return v
