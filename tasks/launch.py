@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -39,8 +40,7 @@ def _holder() -> str:
     return f"flow run {flow_run.name or flow_run.id or '?'} on {socket.gethostname()} pid {os.getpid()}"
 
 
-def live_job(launcher: Launcher, store: Store, config: RunConfig, previous: lease.LeaseRecord | None,
-             logger: Any) -> str | None:
+def live_job(launcher: Launcher, store: Store, config: RunConfig, previous: lease.LeaseRecord | None) -> str | None:
     """A job of this run that is still alive although no one watches it: re-attach to it when the launcher can
     see it; stop here when it cannot (a local job whose flow process died: it ends by itself at the cap)."""
     run_id = config.run_name
@@ -67,6 +67,41 @@ def live_job(launcher: Launcher, store: Store, config: RunConfig, previous: leas
     return None
 
 
+class CapTimer:
+    """The stop, scheduled for the moment the money runs out less the stop margin, re-armed at every look.
+
+    The watch loop's own check leaves a poll interval of reserve, measured from its recent pace; a look that
+    comes late (a starved machine, a slow API) would still be too late. The timer is not: it fires on time
+    whatever the loop is doing, and the launcher ends the job within the margin after it.
+    """
+
+    def __init__(self, launcher: Launcher, job_id: str, margin_s: float, logger: Any):
+        self.launcher, self.job_id, self.margin_s, self.logger = launcher, job_id, margin_s, logger
+        self.fired = threading.Event()
+        self._timer: threading.Timer | None = None
+
+    def arm(self, spend_usd: float, burn_usd_per_hour: float, max_usd: float) -> None:
+        self.disarm()
+        if burn_usd_per_hour <= 0 or self.fired.is_set():
+            return
+        seconds = (max_usd - spend_usd) / burn_usd_per_hour * 3600.0 - self.margin_s
+        self._timer = threading.Timer(max(0.0, seconds), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        if self.fired.is_set():
+            return
+        self.fired.set()
+        self.logger.warning("budget: the money left covers only the stop itself; stopping job %s now", self.job_id)
+        self.launcher.cancel(self.job_id, deadline_s=self.margin_s)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 def record(store: Store, run_id: str, status: JobStatus) -> None:
     write_job_attempts(store, run_id, status.job_id, status.attempts)
 
@@ -85,6 +120,10 @@ def outcome(config: RunConfig, store: Store, status: JobStatus, earlier: list[At
     """How the job ended. A job that finished training succeeded, whatever stop came after it."""
     run_id = config.run_name
     finished = status.state is JobState.SUCCEEDED and finished_since(store, run_id, since_unix)
+    try:
+        summary = read_summary(store, run_id) if finished or status.state is JobState.SUCCEEDED else None
+    except ValueError:  # a summary.json that does not parse: the run is reported without it
+        summary = None
     saved = checkpoints.committed(store, run_id)
     step = saved[-1].step if saved else None
     spent = spend_usd(earlier + status.attempts)
@@ -104,7 +143,7 @@ def outcome(config: RunConfig, store: Store, status: JobStatus, earlier: list[At
     else:
         end, message = "failed", f"job {status.job_id} ended {status.state.value}: {status.message}"
     return JobOutcome(job_id=status.job_id, state=status.state.value, end=end, message=message,
-                      attempts=status.attempts, summary=read_summary(store, run_id) if end == "succeeded" else None,
+                      attempts=status.attempts, summary=summary if end == "succeeded" else None,
                       checkpoint_step=step, run_spend_usd=round(spent, 6), reattached=reattached)
 
 
@@ -120,7 +159,7 @@ def launch_and_watch(config: RunConfig, estimate: Estimate | None = None, poll_s
     beat = lease.Heartbeat(held, LEASE_BEAT_S)
     try:
         launcher = make_launcher(config)
-        job_id = live_job(launcher, store, config, previous, logger)
+        job_id = live_job(launcher, store, config, previous)
         reattached = job_id is not None
         earlier = [a for a in read_attempts(store, run_id) if a.job_id != job_id]  # the budget is per run
         since = time.time()
@@ -146,6 +185,9 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
     recorded: list[Attempt] | None = None
     last_logged: tuple | None = None
     stopped_at_cap = False
+    margin = stop_margin_s(config)
+    timer = CapTimer(launcher, job_id, margin, logger)
+    planned_burn = guard.estimate.usd_per_hour if guard.estimate else 0.0
     try:
         while True:
             status = launcher.status(job_id)
@@ -156,6 +198,7 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
                 break
             progress = latest_progress(read_metrics(store, run_id, since_unix=since))
             snap, exceeded = guard.check(earlier + status.attempts, progress)
+            timer.arm(snap.spend_usd, max(snap.burn_usd_per_hour, planned_burn), config.budget.max_usd)
             step, total = progress.get("step"), progress.get("total_steps")
             shown = (status.state, len(status.attempts), step)
             if shown != last_logged:
@@ -166,18 +209,21 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
                             snap.burn_usd_per_hour, "projected" if snap.measured else "estimated", snap.projected_usd)
                 if step is not None and total:
                     update_progress_artifact(progress_id, 100.0 * step / total)
-            if exceeded:
-                margin = stop_margin_s(config)
-                launcher.cancel(job_id, deadline_s=margin)  # checkpoint first; ended for good within the margin
+            if exceeded or timer.fired.is_set():
+                timer.disarm()
+                if not timer.fired.is_set():
+                    launcher.cancel(job_id, deadline_s=margin)  # checkpoint first; ended for good within the margin
                 status = _wait_terminal(launcher, job_id, margin + 10.0)
                 stopped_at_cap = True
                 break
-            time.sleep(poll_s)
+            timer.fired.wait(poll_s)  # a poll interval, cut short when the timer stops the job
     except BaseException:
+        timer.disarm()
         logger.warning("the watch was interrupted; stopping job %s (it checkpoints first)", job_id)
-        launcher.cancel(job_id, deadline_s=stop_margin_s(config))
-        record(store, run_id, _wait_terminal(launcher, job_id, stop_margin_s(config) + 10.0))
+        launcher.cancel(job_id, deadline_s=margin)
+        record(store, run_id, _wait_terminal(launcher, job_id, margin + 10.0))
         raise
+    timer.disarm()
     record(store, run_id, status)
     result = outcome(config, store, status, earlier, since, stopped_at_cap, reattached)
     if result.end == "budget":

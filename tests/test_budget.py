@@ -148,6 +148,32 @@ def test_the_node_matches_its_price_or_charges_the_dearest_it_may_be():
     assert match_price(prices, NodeIdentity(None))[0].usd_per_hour == 1.006
 
 
+def test_the_cap_timer_stops_the_job_on_time_whatever_the_loop_is_doing():
+    """The watch loop may look late (a starved machine); the timer armed at each look still fires when the money left
+    covers only the stop, and the next look's re-arming replaces the old timer."""
+    import logging
+    import time as _time
+
+    from tasks.launch import CapTimer
+
+    calls = []
+
+    class Launcher:
+        def cancel(self, job_id, deadline_s=None):
+            calls.append((job_id, deadline_s, _time.monotonic()))
+
+    timer = CapTimer(Launcher(), "j", margin_s=0.5, logger=logging.getLogger("test"))
+    t0 = _time.monotonic()
+    timer.arm(spend_usd=0.0, burn_usd_per_hour=36_000.0, max_usd=100.0)  # $10 a second: $100 lasts 10 s
+    timer.arm(spend_usd=0.0, burn_usd_per_hour=36_000.0, max_usd=10.0)  # re-armed: $10 lasts 1 s, less the margin
+    assert timer.fired.wait(5.0)
+    [(job, deadline, when)] = calls
+    assert job == "j" and deadline == 0.5 and 0.3 <= when - t0 <= 2.0
+    timer.arm(0.0, 36_000.0, 10.0)  # fired once: never again
+    _time.sleep(0.8)
+    assert len(calls) == 1
+
+
 def test_the_node_wrapper_never_lets_skypilot_restart_a_budget_stop():
     from thrifty.launchers.notice import exit_code
     from thrifty.protocol import EXIT_BUDGET
@@ -240,7 +266,7 @@ def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook,
     from thrifty.storage import open_store
 
     store = tmp_path / "store"
-    cap = 0.12  # ~11 s at ~1 cent a second: training is well under way (start-up takes a few seconds)
+    cap = 0.25  # ~23 s at ~1 cent a second: training is well under way even when start-up is slow
     # no early stopping and many epochs: the run cannot finish before the cap
     long_run = {"max_epochs": 300, "early_stopping": {"enabled": False}}
     state = train_pipeline(run_config(store, "capped", long_run, max_usd=cap, burn_rate_alert_usd_per_hour=None),

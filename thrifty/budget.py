@@ -22,7 +22,9 @@ from thrifty.ledger import Attempt
 from thrifty.pricing import find_instance
 
 STOP_MARGIN_DEFAULT_S = {"local": 30.0, "skypilot": 240.0}  # budget.stop_margin_s when null
-TEARDOWN_S = {"local": 2.0, "skypilot": 90.0}  # assumed: billed after the trainer exits, until the nodes are gone
+# billed after a stop is decided and the trainer is told, until the nodes are gone: the part of stop_margin_s the
+# launcher keeps for ending the job for good (a kill and the process's exit here; tearing VMs down on a cloud)
+TEARDOWN_S = {"local": 1.0, "skypilot": 90.0}
 
 
 class BudgetExceeded(RuntimeError):

@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from thrifty.budget import TEARDOWN_S, over_cap, spend_usd, stop_margin_s
 from thrifty.config import ConfigError, RunConfig
@@ -75,6 +75,12 @@ def match_price(prices: list[Price], node: NodeIdentity) -> tuple[Price, str]:
                   f"{'spot' if pick.spot else 'on-demand'}): the node did not say enough to tell")
 
 
+def node_job_id(environ: Mapping[str, str]) -> str | None:
+    """The launcher's id of the job this node runs: given by the local launcher, derived on a SkyPilot node."""
+    managed = environ.get("SKYPILOT_MANAGED_JOB_ID")
+    return environ.get(ENV_JOB_ID) or (f"{SKYPILOT_JOB_PREFIX}{managed}" if managed else None)
+
+
 def boot_time_unix() -> float | None:
     """When this machine booted (Linux), which is when a cloud VM began to bill."""
     try:
@@ -112,8 +118,7 @@ class NodeMeter:
         prices = parse_prices(raw)
         if not prices:
             raise ConfigError(f"${ENV_PRICES} names no candidate; the launcher must give the job its prices")
-        managed = env.get("SKYPILOT_MANAGED_JOB_ID")
-        job_id = env.get(ENV_JOB_ID) or (f"{SKYPILOT_JOB_PREFIX}{managed}" if managed else f"node-{os.getpid()}")
+        job_id = node_job_id(env) or f"node-{os.getpid()}"
         if env.get(ENV_BILLING_START):
             started = float(env[ENV_BILLING_START])
             node = NodeIdentity(prices[0].cloud, prices[0].instance, prices[0].spot) if len(prices) == 1 else \

@@ -25,7 +25,7 @@ import torch
 from thrifty.config import ConfigError, RunConfig
 from thrifty import lease
 from thrifty.faults import fault_point
-from thrifty.meter import NodeMeter
+from thrifty.meter import NodeMeter, node_job_id
 from thrifty.protocol import ENV_LEASE_TOKEN
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
@@ -160,8 +160,9 @@ def one_trainer(store: Store, run_id: str, dist: Dist) -> Iterator[None]:
     token = os.environ.get(ENV_LEASE_TOKEN)
     if token:
         current = lease.read(store, run_id)
-        if current is not None and current.token != token and current.live(time.time()):
-            raise lease.LeaseHeld(run_id, current, time.time())  # the run was taken over while this job started
+        mine = current is None or current.token == token or current.job_id == node_job_id(os.environ)
+        if not mine and current.live(time.time()):  # (a watcher that re-attached to this job holds it: fine)
+            raise lease.LeaseHeld(run_id, current, time.time())  # another job holds the run: never train beside it
         yield
         return
     held = lease.acquire(store, run_id, f"thrifty train on {socket.gethostname()} pid {os.getpid()}")

@@ -20,6 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
+from thrifty.budget import TEARDOWN_S
 from thrifty.config import RunConfig
 from thrifty.launchers.base import JobState, JobStatus, LaunchError, node_env
 from thrifty.pricing import quote_emulated
@@ -179,7 +180,8 @@ class LocalLauncher:
 
     def cancel(self, job_id: str, deadline_s: float | None = None) -> None:
         job = self._job(job_id)
-        job.cancel_deadline_s = deadline_s
+        # within a deadline, the job gets what is left after the kill and its exit to checkpoint in
+        job.cancel_deadline_s = None if deadline_s is None else max(0.0, deadline_s - TEARDOWN_S["local"])
         job.cancel_requested.set()
 
     def attempts(self, job_id: str) -> list[Attempt]:

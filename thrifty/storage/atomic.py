@@ -71,13 +71,12 @@ def sweep_dir(top: Path) -> int:
     return removed
 
 
-def replace_atomically(path: str | Path, fill: Callable[[str], None], *, durable: bool = True) -> None:
-    """Make ``path`` by ``fill``-ing a temp file beside it, then one rename: a crash or a failed ``fill``
-    leaves the old file (or none), never half a new one. ``durable`` also fsyncs the data and the directory."""
-    path = Path(path)
+@contextlib.contextmanager
+def _temp_then_rename(path: Path, durable: bool) -> Iterator[str]:
+    """A temp file beside ``path`` to fill; renamed onto ``path`` when the block ends, removed if it raises."""
     tmp = temp_beside(path)
     try:
-        fill(tmp)
+        yield tmp
         if durable:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
@@ -89,23 +88,18 @@ def replace_atomically(path: str | Path, fill: Callable[[str], None], *, durable
         fsync_dir(path.parent)
 
 
+def replace_atomically(path: str | Path, fill: Callable[[str], None], *, durable: bool = True) -> None:
+    """Make ``path`` by ``fill``-ing a temp file beside it, then one rename: a crash or a failed ``fill``
+    leaves the old file (or none), never half a new one. ``durable`` also fsyncs the data and the directory."""
+    with _temp_then_rename(Path(path), durable) as tmp:
+        fill(tmp)
+
+
 @contextlib.contextmanager
 def write_atomically(path: str | Path, durable: bool = True) -> Iterator[BinaryIO]:
     """A file to stream into; it appears at ``path`` whole when the block ends, or not at all."""
-    path = Path(path)
-    tmp = temp_beside(path)
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    if durable:
-        fsync_dir(path.parent)
+    with _temp_then_rename(Path(path), durable) as tmp, open(tmp, "wb") as f:
+        yield f
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
