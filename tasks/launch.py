@@ -92,9 +92,11 @@ class CapTimer:
     def _fire(self) -> None:
         if self.fired.is_set():
             return
-        self.fired.set()
         self.logger.warning("budget: the money left covers only the stop itself; stopping job %s now", self.job_id)
-        self.launcher.cancel(self.job_id, deadline_s=self.margin_s)
+        try:
+            self.launcher.cancel(self.job_id, deadline_s=self.margin_s)
+        finally:
+            self.fired.set()  # after the request: whoever sees it set may count on the job being told
 
     def disarm(self) -> None:
         if self._timer is not None:
