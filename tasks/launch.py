@@ -77,12 +77,13 @@ class CapTimer:
 
     def __init__(self, launcher: Launcher, job_id: str, margin_s: float, logger: Any):
         self.launcher, self.job_id, self.margin_s, self.logger = launcher, job_id, margin_s, logger
-        self.fired = threading.Event()
+        self.fired = threading.Event()  # set once the job has been told to stop
+        self._firing = False  # set the moment it starts telling it: no timer after that
         self._timer: threading.Timer | None = None
 
     def arm(self, spend_usd: float, burn_usd_per_hour: float, max_usd: float) -> None:
         self.disarm()
-        if burn_usd_per_hour <= 0 or self.fired.is_set():
+        if burn_usd_per_hour <= 0 or self._firing:
             return
         seconds = (max_usd - spend_usd) / burn_usd_per_hour * 3600.0 - self.margin_s
         self._timer = threading.Timer(max(0.0, seconds), self._fire)
@@ -90,8 +91,9 @@ class CapTimer:
         self._timer.start()
 
     def _fire(self) -> None:
-        if self.fired.is_set():
+        if self._firing:
             return
+        self._firing = True
         self.logger.warning("budget: the money left covers only the stop itself; stopping job %s now", self.job_id)
         try:
             self.launcher.cancel(self.job_id, deadline_s=self.margin_s)
