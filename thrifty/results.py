@@ -43,6 +43,7 @@ class SmokeResult(_Result):
     parameters: int
     precision_checked: str
     cache_key: str
+    metrics_checked: list[str] = []  # every metric an evaluation reports, produced once on every eval split
 
 
 class JobOutcome(_Result):

@@ -107,7 +107,7 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
 def write_shards(store: Store, key: str, dataset: Dataset, recipe: Recipe, params: RecipeParams,
                  preprocess_seconds: float = 0.0) -> dict[str, Any]:
     """Write every array as shards, then the manifest (the commit). Returns the manifest."""
-    require_examples(recipe, params, {split: dataset.num_examples(split) for split in ("train", "val")})
+    require_examples(recipe, params, {split: dataset.num_examples(split) for split in dataset.splits})
     prefix = entry_prefix(key)
     splits: dict[str, Any] = {}
     for split, arrays in dataset.splits.items():
@@ -141,13 +141,10 @@ def write_shards(store: Store, key: str, dataset: Dataset, recipe: Recipe, param
 
 
 def require_examples(recipe: Recipe, params: RecipeParams, sizes: dict[str, int]) -> None:
-    for split in ("train", "val"):
-        if not sizes.get(split):
-            raise EmptyDataError(
-                f"recipe {recipe.name!r} produced no {split} examples with recipe_params "
-                f"{params.model_dump(mode='json')}; check the raw data and options (e.g. a 'limit' of 0 or a "
-                "validation fraction too small)."
-            )
+    try:
+        recipe.require_splits(sizes)
+    except EmptyDataError as exc:
+        raise EmptyDataError(f"{exc} (recipe_params {params.model_dump(mode='json')})") from None
 
 
 class DamagedCache(RuntimeError):
@@ -192,7 +189,7 @@ def manifest_sizes(manifest: dict[str, Any]) -> dict[str, int]:
     return {split: arrays[next(iter(arrays))]["shape"][0] for split, arrays in manifest["splits"].items() if arrays}
 
 
-def open_cache(store: Store, recipe: Recipe, params: RecipeParams, splits: tuple[str, ...] = ("train", "val"),
+def open_cache(store: Store, recipe: Recipe, params: RecipeParams, splits: tuple[str, ...],
                check: SizeCheck | None = None) -> tuple[CacheResult, dict[str, Split]]:
     """The entry and its splits, every shard checked against the manifest; a damaged entry is preprocessed again."""
     cache = ensure_shards(store, recipe, params, check)

@@ -34,7 +34,7 @@ from training.data import Split, epoch_permutation, open_cache
 from training.progress import CheckpointSchedule, MetricsWriter
 from training.early_stopping import EarlyStopping
 from training.recipes.base import Recipe
-from training.validate import check_config, check_data
+from training.validate import check_arrays, check_config, check_data
 from training.runtime import (
     Dist,
     StopSignal,
@@ -86,14 +86,6 @@ class TrainResult:
     step: int
 
 
-def lr_factor(step: int, warmup: int, total: int) -> float:
-    """Linear warm-up, then cosine decay to 10% of the peak."""
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 def optimizer_step(model: torch.nn.Module, recipe: Recipe, fetch: Callable[[int], dict[str, torch.Tensor]],
                    accum: int, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, device: torch.device,
                    amp: torch.dtype | None, grad_clip: float | None, ddp: bool = False) -> float:
@@ -108,7 +100,7 @@ def optimizer_step(model: torch.nn.Module, recipe: Recipe, fetch: Callable[[int]
         batch = fetch(micro)
         with (model.no_sync() if ddp and micro < accum - 1 else contextlib.nullcontext()):
             with autocast(device, amp):
-                out = recipe.step(model, batch)
+                out = recipe.run_step(model, batch, "train")
             scaler.scale(out.loss / accum).backward()
         loss_sum += out.loss.detach().float()
     if grad_clip is not None:
@@ -120,23 +112,34 @@ def optimizer_step(model: torch.nn.Module, recipe: Recipe, fetch: Callable[[int]
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, recipe: Recipe, split: Split, device: torch.device,
-             amp: torch.dtype | None, batch_size: int) -> dict[str, float]:
+def evaluate(model: torch.nn.Module, recipe: Recipe, splits: dict[str, Split], device: torch.device,
+             amp: torch.dtype | None, batch_size: int, max_batches: int | None = None) -> dict[str, float]:
+    """``<split>_loss`` and every declared metric on each of the recipe's eval splits (in eval mode), e.g.
+    ``{"val_loss": ..., "val_accuracy": ...}``. ``max_batches`` limits each split (the smoke test)."""
     model.eval()
-    total, loss_sum, sums = 0, 0.0, {}
-    for start in range(0, split.n, batch_size):
-        batch = split.batch(np.arange(start, min(start + batch_size, split.n)), device)
-        with autocast(device, amp):
-            out = recipe.step(model, batch)
-        loss_sum += float(out.loss.float()) * out.count
-        total += out.count
-        for k, v in out.sums.items():
-            sums[k] = sums.get(k, 0.0) + v
+    result: dict[str, float] = {}
+    for name in recipe.eval_splits:
+        split = splits[name]
+        loss_sum, sums = 0.0, {"count": 0.0}
+        for i, start in enumerate(range(0, split.n, batch_size)):
+            if max_batches is not None and i >= max_batches:
+                break
+            batch = split.batch(np.arange(start, min(start + batch_size, split.n)), device)
+            with autocast(device, amp):
+                out = recipe.run_step(model, batch, "eval")
+            loss_sum += float(out.loss.float()) * out.count
+            for k, v in (*out.sums.items(), ("count", out.count)):
+                sums[k] = sums.get(k, 0.0) + float(v)
+        result[f"{name}_loss"] = loss_sum / sums["count"] if sums["count"] else float("nan")
+        result.update(recipe.reduce_metrics(name, sums))
     model.train()
-    result = {"val_loss": loss_sum / total}
-    for metric, numerator in recipe.metrics.items():
-        result[metric] = sums.get(numerator, 0.0) / total
     return result
+
+
+def batch_positions(start: int, size: int, n: int) -> np.ndarray:
+    """Positions ``start .. start+size`` in an epoch's order of ``n`` examples; past the end they wrap to its start
+    (only with ``drop_last: false``, whose last step is padded the way torch's DistributedSampler pads)."""
+    return np.arange(start, start + size) % n
 
 
 def _check_compatible(cfg: RunConfig, saved_cfg: dict[str, Any], run_id: str) -> None:
@@ -214,11 +217,12 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         check_data(cfg, sizes, dist.world)
 
     if dist.is_main:
-        cache, splits = open_cache(store, recipe, params, ("train", "val"), fits)
+        cache, splits = open_cache(store, recipe, params, recipe.splits, fits)
     dist.barrier()
     if not dist.is_main:
-        cache, splits = open_cache(store, recipe, params, ("train", "val"), fits)
-    train_split, val_split = splits["train"], splits["val"]
+        cache, splits = open_cache(store, recipe, params, recipe.splits, fits)
+    check_arrays(recipe, cache.manifest)
+    train_split = splits["train"]
     global_batch = tc.examples_per_step(dist.world)
     steps_per_epoch = tc.steps_per_epoch(train_split.n, dist.world)
     total_steps = tc.total_steps(train_split.n, dist.world)
@@ -226,8 +230,8 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     # ---- model, optimizer, schedule, scaler, early stopping
     seed_everything(tc.seed)
     model = recipe.build_model(params, cache.manifest["meta"]).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, tc.warmup_steps, total_steps))
+    optimizer = recipe.make_optimizer(model, tc)
+    scheduler = recipe.make_scheduler(optimizer, tc, total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
     es_cfg = tc.early_stopping
     stopper = EarlyStopping(es_cfg.mode, es_cfg.patience, es_cfg.min_delta, es_cfg.enabled)
@@ -320,9 +324,9 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             nonlocal wait
             tw = time.perf_counter()
             start = state.batch_in_epoch * global_batch + (micro * dist.world + dist.rank) * tc.micro_batch
-            batch = train_split.batch(perm[start : start + tc.micro_batch], device)
+            batch = train_split.batch(perm[batch_positions(start, tc.micro_batch, train_split.n)], device)
             wait += time.perf_counter() - tw
-            return batch
+            return recipe.apply_transform(batch, tc.seed, state.epoch, state.batch_in_epoch, micro, dist.rank)
 
         loss = optimizer_step(ddp_model, recipe, fetch, tc.grad_accum_steps, optimizer, scaler, device, amp,
                               tc.grad_clip, ddp=dist.enabled)
@@ -355,7 +359,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         end_of_epoch = state.batch_in_epoch == steps_per_epoch
         if (tc.eval_every and state.step % tc.eval_every == 0) or (tc.eval_every is None and end_of_epoch) \
                 or state.step == total_steps:
-            state.last_eval = evaluate(model, recipe, val_split, device, amp, tc.micro_batch * tc.grad_accum_steps)
+            state.last_eval = evaluate(model, recipe, splits, device, amp, tc.micro_batch * tc.grad_accum_steps)
             state.last_eval_step = state.step
             best = stopper.update(state.last_eval[es_cfg.metric], state.step)
             emit({"event": "eval", "step": state.step, "epoch": state.epoch, **state.last_eval, "best": best})

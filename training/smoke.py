@@ -1,8 +1,11 @@
 """Smoke test: the real recipe's model on the real shards, a few steps on CPU, before any GPU is rented.
 
-Checks that a batch flows through the model in fp32 and under the configured precision's
-autocast (same loss shape, finite), that a few optimizer steps run, and that a checkpoint
-saves and loads back to identical weights. Raises :class:`SmokeTestFailed` with the cause.
+Checks that the cached arrays fit one model (same arrays, dtypes and shapes in every split), that
+a batch flows through the model in fp32 and under the configured precision's autocast (same loss
+shape, finite), that an evaluation on every eval split produces every declared metric, that a few
+optimizer steps run (with the recipe's optimizer, scheduler and transform), and that a checkpoint
+saves and loads back to identical weights. Raises :class:`SmokeTestFailed` with the cause and,
+for a recipe's exception, what the batch's dtypes suggest fixing.
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ import numpy as np
 import torch
 
 from thrifty.budget import world_size
-from thrifty.config import RunConfig
+from thrifty.config import ConfigError, RunConfig
 from thrifty.results import SmokeResult
 from thrifty.storage import FileStore, open_store
 from training.checkpoint import CheckpointManager
 from training.data import open_cache
-from training.loop import optimizer_step
+from training.loop import evaluate, optimizer_step
 from training.runtime import autocast, pick_precision, precision_name, seed_everything, weights_sha256
-from training.validate import check_config, check_data
+from training.validate import check_arrays, check_config, check_data, dtype_hints
 
 
 class SmokeTestFailed(RuntimeError):
@@ -33,7 +36,11 @@ def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:
     recipe, params = check_config(cfg)  # what the node would reject, by the node's own code
     store = open_store(cfg.store)
     world = world_size(cfg)  # the job's processes, not this CPU's: one step must fit the data on the node
-    cache, splits = open_cache(store, recipe, params, ("train", "val"), lambda sizes: check_data(cfg, sizes, world))
+    cache, splits = open_cache(store, recipe, params, recipe.splits, lambda sizes: check_data(cfg, sizes, world))
+    try:
+        check_arrays(recipe, cache.manifest)
+    except ConfigError as exc:
+        raise SmokeTestFailed(str(exc)) from None
     split = splits["train"]
     device = torch.device("cpu")
     # the GPU's autocast path, exercised on CPU: auto means bf16 on any GPU that will be rented
@@ -42,6 +49,7 @@ def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:
     tc = cfg.train
     n = min(split.n, tc.micro_batch)
     stage = "building the model"
+    batch = None
     try:
         seed_everything(tc.seed)
         model = recipe.build_model(params, cache.manifest["meta"]).to(device)
@@ -49,24 +57,32 @@ def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:
 
         stage = "a forward pass in fp32"
         with torch.no_grad():
-            ref = recipe.step(model, batch)
+            ref = recipe.run_step(model, batch, "train")
             stage = f"a forward pass under {precision_name(amp)} autocast"
             with autocast(device, amp):
-                mixed = recipe.step(model, batch)
+                mixed = recipe.run_step(model, batch, "train")
         if ref.loss.shape != mixed.loss.shape or not (math.isfinite(float(ref.loss)) and math.isfinite(float(mixed.loss))):
             raise SmokeTestFailed(f"loss in fp32 ({float(ref.loss)}) and {precision_name(amp)} ({float(mixed.loss)}) "
                                   "must be finite scalars of the same shape")
 
+        stage = "an evaluation of " + ", ".join(recipe.eval_splits)
+        evaluated = evaluate(model, recipe, splits, device, amp, n, max_batches=2)
+
         stage = "optimizer steps"
-        optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+        optimizer = recipe.make_optimizer(model, tc)
+        scheduler = recipe.make_scheduler(optimizer, tc, max(steps, 1))
         scaler = torch.amp.GradScaler("cpu", enabled=amp == torch.float16)
         per_micro = max(1, n // tc.grad_accum_steps)
         t0 = time.perf_counter()
         losses = []
-        for _ in range(steps):
-            fetch = lambda i: split.batch(np.arange(i * per_micro, (i + 1) * per_micro) % split.n, device)  # noqa: E731
+        for s in range(steps):
+            def fetch(i: int) -> dict[str, torch.Tensor]:
+                batch = split.batch(np.arange(i * per_micro, (i + 1) * per_micro) % split.n, device)
+                return recipe.apply_transform(batch, tc.seed, 0, s, i, 0)
+
             losses.append(optimizer_step(model, recipe, fetch, tc.grad_accum_steps, optimizer, scaler, device, amp,
                                          tc.grad_clip))
+            scheduler.step()
         step_time_s = (time.perf_counter() - t0) / steps
         if not all(math.isfinite(x) for x in losses):
             raise SmokeTestFailed(f"training loss is not finite after {steps} steps: {losses}")
@@ -75,17 +91,21 @@ def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:
         with tempfile.TemporaryDirectory(prefix="thrifty-smoke-") as tmp:
             ckpts = CheckpointManager(FileStore(tmp), "smoke", keep_last=1)
             ckpts.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scaler": scaler.state_dict()}, steps, None)
+                        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict()}, steps, None)
             _, state = ckpts.load_latest()
             fresh = recipe.build_model(params, cache.manifest["meta"])
             fresh.load_state_dict(state["model"])
-            torch.optim.AdamW(fresh.parameters(), lr=tc.lr).load_state_dict(state["optimizer"])
+            fresh_opt = recipe.make_optimizer(fresh, tc)
+            fresh_opt.load_state_dict(state["optimizer"])
+            recipe.make_scheduler(fresh_opt, tc, max(steps, 1)).load_state_dict(state["scheduler"])
         if weights_sha256(fresh.state_dict()) != weights_sha256(model.state_dict()):
             raise SmokeTestFailed("weights loaded from the checkpoint differ from the weights saved")
-    except SmokeTestFailed:
-        raise
-    except Exception as exc:  # the recipe's own bug: say where it happened
-        raise SmokeTestFailed(f"recipe {recipe.name!r} failed during {stage}: {type(exc).__name__}: {exc}") from exc
+    except (SmokeTestFailed, ConfigError) as exc:
+        raise SmokeTestFailed(str(exc)) from None
+    except Exception as exc:  # the recipe's own bug: say where it happened, and what the data suggests
+        hints = dtype_hints(batch) if batch is not None else []
+        fix = (" Likely fix: " + "; ".join(hints) + ".") if hints else ""
+        raise SmokeTestFailed(f"recipe {recipe.name!r} failed during {stage}: {type(exc).__name__}: {exc}.{fix}") from exc
     return SmokeResult(
         recipe=recipe.name,
         steps=steps,
@@ -95,4 +115,5 @@ def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:
         parameters=sum(p.numel() for p in model.parameters()),
         precision_checked=precision_name(amp),
         cache_key=cache.key,
+        metrics_checked=sorted(evaluated),
     )

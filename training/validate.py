@@ -8,15 +8,18 @@ before its flow starts, the smoke test calls both, and the training loop calls b
 
 from __future__ import annotations
 
+from typing import Any
+
 from thrifty.config import ConfigError, RunConfig
-from training.recipes.base import Recipe, RecipeParams, resolve_recipe
+from training.data import manifest_sizes
+from training.recipes.base import Recipe, RecipeError, RecipeParams, resolve_recipe
 
 
 def check_config(cfg: RunConfig) -> tuple[Recipe, RecipeParams]:
     """The recipe and its parsed options, or a ConfigError naming the setting to change."""
     recipe = resolve_recipe(cfg.recipe)
     params = recipe.parse_params(cfg.recipe_params)
-    valid_metrics = ["val_loss", *recipe.metrics]
+    valid_metrics = recipe.metric_names()
     metric = cfg.train.early_stopping.metric
     if metric not in valid_metrics:
         raise ConfigError(
@@ -34,8 +37,43 @@ def check_data(cfg: RunConfig, sizes: dict[str, int], world: int) -> None:
         raise ConfigError(
             f"'train.micro_batch': one optimizer step needs {tc.examples_per_step(world)} examples (micro_batch "
             f"{tc.micro_batch} x grad_accum_steps {tc.grad_accum_steps} x {world} process(es)) but the training "
-            f"split has {n_train}. Lower train.micro_batch or train.grad_accum_steps, or use more data."
+            f"split has {n_train}. Lower train.micro_batch or train.grad_accum_steps, use more data, or set "
+            "train.drop_last=false to train on a padded partial step."
         )
-    if not sizes.get("val"):
-        raise ConfigError("the validation split is empty: the recipe's options leave nothing to evaluate on "
-                          "(e.g. a validation fraction too small); early stopping and the report need it")
+
+
+def check_arrays(recipe: Recipe, manifest: dict[str, Any]) -> None:
+    """The cached arrays can feed one model: every eval split has the train split's arrays with the same dtype and
+    per-example shape. A mismatch (float64 validation features beside float32 training ones, a label array only in
+    train) would fail at the first evaluation, after the machine is rented."""
+    splits = manifest["splits"]
+    recipe.require_splits(manifest_sizes(manifest))
+    train = splits["train"]
+    for name in recipe.eval_splits:
+        for array, spec in train.items():
+            other = splits[name].get(array)
+            if other is None:
+                raise RecipeError(f"recipe {recipe.name!r}: split {name!r} has no array {array!r} (train has "
+                                  f"{', '.join(sorted(train))}); preprocess must give every split the same arrays")
+            if other["dtype"] != spec["dtype"] or other["shape"][1:] != spec["shape"][1:]:
+                raise RecipeError(
+                    f"recipe {recipe.name!r}: array '{name}.{array}' is {other['dtype']} of per-example shape "
+                    f"{tuple(other['shape'][1:])} but 'train.{array}' is {spec['dtype']} of {tuple(spec['shape'][1:])}; "
+                    "preprocess must give every split the same dtype and shape (cast with .astype(...)).")
+
+
+def dtype_hints(batch: dict[str, Any], split: str = "train") -> list[str]:
+    """What usually breaks a model about a batch's dtypes, as fixes naming each array (for a smoke test failure)."""
+    hints = []
+    for name, t in batch.items():
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype == "float64":
+            hints.append(f"array '{split}.{name}' is float64 while models compute in float32: cast it in preprocess "
+                         f"with .astype(np.float32)")
+        elif dtype in ("int32", "int16", "int8", "uint8") and t.ndim == 1:
+            hints.append(f"array '{split}.{name}' is {dtype}: class labels for cross_entropy must be int64, cast "
+                         f"them in preprocess with .astype(np.int64)")
+        elif dtype in ("int32", "int16", "uint8") and t.ndim > 1:
+            hints.append(f"array '{split}.{name}' is {dtype}: if it is a model input, cast it to float32 in "
+                         "preprocess (or in transform), or convert it in step()")
+    return hints

@@ -34,7 +34,17 @@ class TrainConfig(_Frozen):
     grad_accum_steps: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step (count).")
     lr: float = Field(1e-3, gt=0.0, description="Peak learning rate of AdamW (per step).")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay (fraction per step).")
-    warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up length (optimizer steps); cosine decay after.")
+    adam_betas: tuple[float, float] = Field(
+        (0.9, 0.999), description="AdamW's betas: decay rates of the gradient's first and second moment averages.")
+    adam_eps: float = Field(1e-8, gt=0.0, description="AdamW's epsilon, added to the denominator for stability.")
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up length (optimizer steps); lr_schedule after.")
+    lr_schedule: Literal["cosine", "linear", "constant"] = Field(
+        "cosine", description="LR after warm-up: cosine or linear decay from lr to lr x min_lr_ratio at the last "
+        "step, or constant. A recipe's own scheduler replaces it.")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="The decay's floor as a fraction of lr (fraction).")
+    drop_last: bool = Field(
+        True, description="Drop each epoch's last partial optimizer step (true), or train it too, padded with "
+        "examples from the start of the epoch's order as torch's DistributedSampler does (false).")
     grad_clip: float | None = Field(1.0, gt=0.0, description="Clip the global gradient norm to this (L2 norm); null = off.")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto", description="Autocast dtype. auto = bf16 on GPUs that have it, fp16 + GradScaler on older GPUs, fp32 on CPU."
@@ -56,6 +66,13 @@ class TrainConfig(_Frozen):
     early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
     seed: int = Field(0, ge=0, lt=2**32, description="Seed for weights, data order and dropout (integer, 0 to 2^32-1).")
 
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"adam_betas must both be in [0, 1), e.g. [0.9, 0.999] (got {list(v)})")
+        return v
+
     @field_validator("checkpoint_every")
     @classmethod
     def _positive_interval(cls, v: int | str) -> int | str:
@@ -68,8 +85,11 @@ class TrainConfig(_Frozen):
         return self.micro_batch * self.grad_accum_steps * world
 
     def steps_per_epoch(self, n_train: int, world: int) -> int:
-        """Optimizer steps in one pass over ``n_train`` examples (a last partial step is dropped)."""
-        return n_train // self.examples_per_step(world)
+        """Optimizer steps in one pass over ``n_train`` examples (a last partial step is dropped unless drop_last
+        is false)."""
+        if self.drop_last:
+            return n_train // self.examples_per_step(world)
+        return -(-n_train // self.examples_per_step(world))
 
     def total_steps(self, n_train: int, world: int) -> int:
         """Optimizer steps the run takes if it never stops early: the one rule the gate and the loop share."""

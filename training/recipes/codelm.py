@@ -308,6 +308,6 @@ def recipe() -> Recipe:
         preprocess=preprocess,
         build_model=build_model,
         step=step,
-        metrics={"val_token_accuracy": "correct_tokens"},
+        metrics={"token_accuracy": "correct_tokens"},
         summary_fields=summary_fields,
     )

@@ -76,5 +76,5 @@ def recipe() -> Recipe:
         preprocess=preprocess,
         build_model=build_model,
         step=step,
-        metrics={"val_accuracy": "correct"},
+        metrics={"accuracy": "correct"},
     )

@@ -1,0 +1,125 @@
+"""Recipes a user would write, built on the digits data: the whole recipe API, and the first mistakes people make."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from training.recipes import Dataset, Ratio, Recipe, StepOutput
+from training.recipes.digits import DigitsParams, build_model, fingerprint_raw
+from training.recipes.digits import preprocess as digits_preprocess
+
+MODES_SEEN: list[tuple[str, bool]] = []  # (mode, model.training) per step call, for the mode test
+
+
+def three_splits(params: DigitsParams) -> Dataset:
+    """digits' train/val plus a held-out test split cut from train."""
+    data = digits_preprocess(params)
+    train = data.splits["train"]
+    n_test = len(train["y"]) // 5
+    data.splits["test"] = {k: v[:n_test] for k, v in train.items()}
+    data.splits["train"] = {k: v[n_test:] for k, v in train.items()}
+    return data
+
+
+def step(model: torch.nn.Module, batch: dict[str, torch.Tensor], mode: str) -> StepOutput:
+    MODES_SEEN.append((mode, model.training))
+    logits = model(batch["x"])
+    loss = F.cross_entropy(logits.float(), batch["y"], label_smoothing=0.1 if mode == "train" else 0.0)
+    correct = (logits.argmax(-1) == batch["y"]).sum().item()
+    return StepOutput(loss=loss, count=len(batch["y"]), sums={"correct": float(correct)})
+
+
+def sgd(model: torch.nn.Module, tc) -> torch.optim.Optimizer:
+    decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    rest = [p for n, p in model.named_parameters() if not n.endswith("weight")]
+    return torch.optim.SGD([{"params": decay, "weight_decay": 1e-4}, {"params": rest, "weight_decay": 0.0}],
+                           lr=tc.lr, momentum=0.9, nesterov=True)
+
+
+def step_decay(optimizer: torch.optim.Optimizer, tc, total_steps: int):
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=max(1, total_steps // 3), gamma=0.5)
+
+
+def jitter(batch: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str, torch.Tensor]:
+    noise = torch.randn(batch["x"].shape, generator=gen, device=batch["x"].device) * 0.05
+    return {**batch, "x": batch["x"] + noise}
+
+
+def full() -> Recipe:
+    """Own optimizer (SGD, parameter groups), own scheduler, augmentation, a mode-aware step, a test split."""
+    return Recipe(name="custom-full", params_model=DigitsParams, fingerprint_raw=fingerprint_raw,
+                  preprocess=three_splits, build_model=build_model, step=step,
+                  metrics={"accuracy": Ratio("correct")}, eval_splits=("val", "test"),
+                  optimizer=sgd, scheduler=step_decay, transform=jitter)
+
+
+def typo() -> Recipe:
+    """The docstring's tuple form with a misspelt numerator: must not report 0 accuracy silently."""
+    return dataclasses.replace(full(), name="custom-typo", metrics={"accuracy": ("corect", "count")},
+                               eval_splits=("val",), preprocess=digits_preprocess)
+
+
+def renamed(params: DigitsParams) -> Dataset:
+    data = digits_preprocess(params)
+    data.splits["validation"] = data.splits.pop("val")
+    return data
+
+
+def validation_named() -> Recipe:
+    return dataclasses.replace(typo(), name="custom-validation", metrics={"accuracy": "correct"}, preprocess=renamed)
+
+
+def as_float64(params: DigitsParams) -> Dataset:
+    data = digits_preprocess(params)
+    for arrays in data.splits.values():
+        arrays["x"] = arrays["x"].astype(np.float64)
+    return data
+
+
+def float64() -> Recipe:
+    return dataclasses.replace(validation_named(), name="custom-f64", preprocess=as_float64)
+
+
+def val_float64(params: DigitsParams) -> Dataset:
+    data = digits_preprocess(params)
+    data.splits["val"]["x"] = data.splits["val"]["x"].astype(np.float64)
+    return data
+
+
+def mixed_dtypes() -> Recipe:
+    return dataclasses.replace(validation_named(), name="custom-mixed", preprocess=val_float64)
+
+
+# two recipes in one module, as the user who ported a job had: each must keep its own cached shards
+def labels_int32(params: DigitsParams) -> Dataset:
+    data = digits_preprocess(params)
+    for arrays in data.splits.values():
+        arrays["y"] = arrays["y"].astype(np.int32)
+    return data
+
+
+def variant_int32() -> Recipe:
+    return dataclasses.replace(validation_named(), name="variant", preprocess=labels_int32)
+
+
+def variant_int64() -> Recipe:
+    return dataclasses.replace(validation_named(), name="variant", preprocess=digits_preprocess)
+
+
+def wider_model(params, meta):
+    return torch.nn.Sequential(torch.nn.Linear(meta["features"], 2 * params.hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(2 * params.hidden, meta["classes"]))
+
+
+def variant_int64_wider() -> Recipe:
+    """Same data as variant_int64, another model: must reuse its shards."""
+    return dataclasses.replace(variant_int64(), build_model=wider_model)
+
+
+def not_a_step_output() -> Recipe:
+    return dataclasses.replace(variant_int64(), name="custom-bad-step",
+                               step=lambda model, batch: model(batch["x"]).mean())
