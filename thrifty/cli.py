@@ -212,6 +212,21 @@ def _archive_lifecycle(settings: Any, apply: bool) -> int:
     return EXIT_OK
 
 
+def cmd_new(args: argparse.Namespace) -> int:
+    """Write a working, tested template to start from."""
+    from pathlib import Path
+
+    from thrifty import scaffold
+
+    where = Path(args.dir)
+    written = scaffold.new_recipe(args.name, where)
+    for path in written:
+        print(f"wrote {path}")
+    print(f"\nNext: `python -m pytest {written[-1]}` (the CPU smoke test), then "
+          f"`thrifty run --config {written[2]}`, from {where}/ so that {args.name!r} is importable.")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------- the parser
 
 
@@ -272,6 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--apply", action="store_true", default=argparse.SUPPRESS, help="install the rules on the bucket")
     _archive_options(q)
     p.set_defaults(func=cmd_archive, archive_command=None, apply=False)  # a dry run unless --apply
+
+    p = sub.add_parser("new", help="write a template to start from: `thrifty new recipe NAME` (a tested recipe "
+                                   "package, its run config and a smoke test)")
+    p.add_argument("kind", choices=["recipe"], help="what to write")
+    p.add_argument("name", metavar="NAME", help="the Python package name, e.g. my_model")
+    p.add_argument("--dir", default=".", help="where to write it (default: the current directory)")
+    p.set_defaults(func=cmd_new)
 
     p = sub.add_parser("deploy", help="create the work pool and deploy prefect.yaml to the server at PREFECT_API_URL")
     p.add_argument("--project-dir", default=".", help="the directory holding prefect.yaml (default: the current one)")

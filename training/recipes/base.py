@@ -31,6 +31,8 @@ import dis
 import importlib
 import inspect
 import math
+import os
+import sys
 import textwrap
 import types
 from dataclasses import dataclass, field
@@ -327,12 +329,18 @@ def resolve_recipe(spec: str) -> Recipe:
             "or 'package.module:function' for your own."
         )
     module_name, func_name = target.split(":", 1)
+    # like `python -m`, the current directory is importable: a recipe package beside the config just works, here,
+    # under the local launcher and on a SkyPilot node (whose current directory is the synced compute.workdir)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(
-            f"'recipe': cannot import module {module_name!r} for recipe {spec!r} ({exc}). "
-            "Check the module path and that its package is installed."
+            f"'recipe': cannot import module {module_name!r} for recipe {spec!r} ({exc}). Run thrifty from the "
+            f"directory that holds {module_name.split('.')[0]!r} (it is importable from there, as on a cloud node, "
+            "whose current directory is compute.workdir), install its package (pip install -e .), or add its parent "
+            "directory to PYTHONPATH."
         ) from None
     except Exception as exc:  # the module itself is broken: say where, not a traceback
         raise ConfigError(f"'recipe': importing module {module_name!r} for recipe {spec!r} failed: "

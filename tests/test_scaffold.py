@@ -1,0 +1,30 @@
+"""`thrifty new recipe NAME`: the template a new user starts from works as written, and nothing is overwritten."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from conftest import PYTHON, python_env
+from thrifty.cli import main
+
+
+def test_new_recipe_passes_its_own_smoke_test(tmp_path: Path, capsys) -> None:
+    assert main(["new", "recipe", "acme", "--dir", str(tmp_path)]) == 0
+    assert "python -m pytest" in capsys.readouterr().out
+    assert {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()} == {
+        "acme/__init__.py", "acme/recipe.py", "acme.yaml", "tests/test_acme.py"}
+    # the user's own pytest run, from their project directory: the package imports because thrifty adds the cwd
+    done = subprocess.run([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_acme.py"],
+                          cwd=tmp_path, env=python_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+
+
+def test_new_recipe_never_overwrites_and_wants_a_package_name(tmp_path: Path, capsys) -> None:
+    (tmp_path / "acme.yaml").write_text("mine\n")
+    assert main(["new", "recipe", "acme", "--dir", str(tmp_path)]) == 2
+    assert "not writing over existing file(s)" in capsys.readouterr().err
+    assert (tmp_path / "acme.yaml").read_text() == "mine\n" and not (tmp_path / "acme").exists()
+    assert main(["new", "recipe", "My-Model", "--dir", str(tmp_path)]) == 2
+    assert "must be a Python package name" in capsys.readouterr().err
