@@ -60,7 +60,8 @@ def measure(store: Path, run: str, max_usd: float, margin_s: float, poll_s: floa
     kept = saved[-1].step if saved else None
     return {"max_usd": round(max_usd, 5), "poll_s": poll_s, "end": state.name, "spend_usd": round(spent, 5),
             "fraction": round(spent / max_usd, 4), "steps_trained": trained, "last_checkpoint": kept,
-            "within_one_interval": kept is not None and trained - kept <= CHECKPOINT_EVERY}
+            # a refused budget trains nothing and owes no checkpoint
+            "within_one_interval": trained == 0 or (kept is not None and trained - kept <= CHECKPOINT_EVERY)}
 
 
 def main() -> int:
@@ -87,12 +88,14 @@ def main() -> int:
                 print(f"  {frac:>4}x ${row['max_usd']:.4f} poll {poll:g} s: {row['end']:<13} spent ${row['spend_usd']:.4f} "
                       f"= {row['fraction']:.3f} of the cap; {row['steps_trained']} steps, checkpoint "
                       f"{row['last_checkpoint']} ({'within' if row['within_one_interval'] else 'NOT within'} one "
-                      f"interval of {CHECKPOINT_EVERY})", flush=True)
+                      f"interval of {CHECKPOINT_EVERY}{'; nothing trained' if not row['steps_trained'] else ''})",
+                      flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     worst = max(r["fraction"] for r in rows)
     print(f"\nworst spend/cap: {worst:.3f} (goal <= 1.000: {'met' if worst <= 1.0 else 'MISSED'}); "
-          f"checkpoint within one interval of the stop: {sum(r['within_one_interval'] for r in rows)}/{len(rows)}")
+          f"checkpoint within one interval of the stop: {sum(r['within_one_interval'] for r in rows)}/{len(rows)} "
+          f"({sum(1 for r in rows if r['end'] == 'BadInput')} refused by the gate, nothing spent)")
     if args.json:
         Path(args.json).write_text(json.dumps({"reference_usd": cost, "rows": rows}, indent=2))
     return 0 if worst <= 1.0 else 1
