@@ -18,6 +18,7 @@ from thrifty.storage import FileStore
 from training.data import cache_key, ensure_shards
 from training.loop import batch_positions, train
 from training.recipes import RecipeError, lr_factor, resolve_recipe
+from training.runtime import weights_sha256
 from training.smoke import SmokeTestFailed, smoke_test
 from training.validate import check_config
 
@@ -49,11 +50,12 @@ def test_custom_optimizer_schedule_splits_and_mode(tmp_path: Path) -> None:
 
 
 def test_killed_custom_recipe_resumes_bit_exact(tmp_path: Path) -> None:
-    """Own optimizer, own scheduler, a random transform and drop_last=false: kill -9 mid-run, resume, same weights."""
+    """Own optimizer, own scheduler, a random transform, drop_last=false and an EMA: kill -9 mid-run, resume, same
+    weights and the same averaged weights."""
     env = {**python_env(), "PYTHONPATH": f"{REPO / 'tests'}:{python_env()['PYTHONPATH']}"}
 
     def run(name: str, fault: str | None = None) -> subprocess.CompletedProcess:
-        cfg = config(tmp_path, "recipes_custom:full", lr=0.05, drop_last=False).updated({"run_name": name})
+        cfg = config(tmp_path, "recipes_custom:full", lr=0.05, drop_last=False, ema_decay=0.9).updated({"run_name": name})
         path = tmp_path / f"{name}.json"
         path.write_text(cfg.model_dump_json())
         return subprocess.run([PYTHON, "-m", "training", "--config", str(path)], capture_output=True, text=True,
@@ -68,6 +70,9 @@ def test_killed_custom_recipe_resumes_bit_exact(tmp_path: Path) -> None:
     assert "resumed run 'killed' from step 10" in resumed.stderr
     a, b = (json.loads((tmp_path / "store" / "runs" / n / "summary.json").read_text()) for n in ("whole", "killed"))
     assert a["weights_sha256"] == b["weights_sha256"]
+    ema = [torch.load(max((tmp_path / "store" / "runs" / n / "ckpt").glob("step-*/state.pt")), weights_only=True)["ema"]
+           for n in ("whole", "killed")]
+    assert ema[0] is not None and weights_sha256(ema[0]) == weights_sha256(ema[1])
     assert a["steps"] == 2 * -(-384 // 32)  # drop_last=false: ceil(384 / 32) steps per epoch (600 x 0.8 x 0.8 train)
 
 

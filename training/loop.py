@@ -229,7 +229,10 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
 
     # ---- model, optimizer, schedule, scaler, early stopping
     seed_everything(tc.seed)
-    model = recipe.build_model(params, cache.manifest["meta"]).to(device)
+    model = recipe.make_model(params, cache.manifest["meta"]).to(device)
+    # an exponential moving average of the weights, updated after every optimizer step; evaluated instead of them
+    ema = (torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(
+        tc.ema_decay), use_buffers=True) if tc.ema_decay is not None else None)
     optimizer = recipe.make_optimizer(model, tc)
     scheduler = recipe.make_scheduler(optimizer, tc, total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
@@ -257,6 +260,11 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         if saved["scaler"]:  # empty when saved without a GradScaler (fp32/bf16): an fp16 resume starts a fresh one
             scaler.load_state_dict(saved["scaler"])
         stopper.load_state_dict(saved["early_stopping"])
+        if ema is not None:
+            if saved.get("ema") is None:
+                raise IncompatibleCheckpoint(f"run {run_id!r} was checkpointed without train.ema_decay; unset it to "
+                                             "resume, or use a new run_name")
+            ema.load_state_dict(saved["ema"])
         state = LoopState(**saved["loop"])
         state.resumes += 1
         rngs = saved["rng"]
@@ -283,6 +291,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         if dist.is_main:
             checkpoint = {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "ema": ema.state_dict() if ema is not None else None,
                 "scaler": scaler.state_dict(), "early_stopping": stopper.state_dict(), "rng": rngs,
                 "loop": asdict(LoopState(**{**asdict(state), "checkpoints_written": state.checkpoints_written + 1,
                                             "train_time_s": base_train_time + (time.perf_counter() - attempt_t0)})),
@@ -337,6 +346,8 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
                 f"the run diverged. Lower train.lr (now {tc.lr:g}), set train.grad_clip, or check the data; the last "
                 "checkpoint (before it) is kept.")
         scheduler.step()
+        if ema is not None:
+            ema.update_parameters(model)
         state.step += 1
         state.batch_in_epoch += 1
         step_time = time.perf_counter() - t0
@@ -359,7 +370,8 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         end_of_epoch = state.batch_in_epoch == steps_per_epoch
         if (tc.eval_every and state.step % tc.eval_every == 0) or (tc.eval_every is None and end_of_epoch) \
                 or state.step == total_steps:
-            state.last_eval = evaluate(model, recipe, splits, device, amp, tc.micro_batch * tc.grad_accum_steps)
+            state.last_eval = evaluate(ema.module if ema is not None else model, recipe, splits, device, amp,
+                                       tc.micro_batch * tc.grad_accum_steps)
             state.last_eval_step = state.step
             best = stopper.update(state.last_eval[es_cfg.metric], state.step)
             emit({"event": "eval", "step": state.step, "epoch": state.epoch, **state.last_eval, "best": best})

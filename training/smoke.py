@@ -52,7 +52,7 @@ def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:
     batch = None
     try:
         seed_everything(tc.seed)
-        model = recipe.build_model(params, cache.manifest["meta"]).to(device)
+        model = recipe.make_model(params, cache.manifest["meta"]).to(device)
         batch = split.batch(np.arange(n), device)
 
         stage = "a forward pass in fp32"
@@ -93,7 +93,7 @@ def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:
             ckpts.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict()}, steps, None)
             _, state = ckpts.load_latest()
-            fresh = recipe.build_model(params, cache.manifest["meta"])
+            fresh = recipe.make_model(params, cache.manifest["meta"])
             fresh.load_state_dict(state["model"])
             fresh_opt = recipe.make_optimizer(fresh, tc)
             fresh_opt.load_state_dict(state["optimizer"])

@@ -42,6 +42,9 @@ class TrainConfig(_Frozen):
         "cosine", description="LR after warm-up: cosine or linear decay from lr to lr x min_lr_ratio at the last "
         "step, or constant. A recipe's own scheduler replaces it.")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="The decay's floor as a fraction of lr (fraction).")
+    ema_decay: float | None = Field(
+        None, gt=0.0, lt=1.0, description="Keep an exponential moving average of the weights with this decay per "
+        "step (e.g. 0.999), evaluated and checkpointed beside them; null = off.")
     drop_last: bool = Field(
         True, description="Drop each epoch's last partial optimizer step (true), or train it too, padded with "
         "examples from the start of the epoch's order as torch's DistributedSampler does (false).")

@@ -205,6 +205,13 @@ class Recipe:
             out[f"{split}_{name}"] = reducer.reduce(sums)
         return out
 
+    def make_model(self, params: RecipeParams, meta: dict[str, Any]) -> torch.nn.Module:
+        model = self.build_model(params, meta)
+        if not isinstance(model, torch.nn.Module):
+            raise RecipeError(f"recipe {self.name!r}: build_model() returned {type(model).__name__}, not a "
+                              "torch.nn.Module")
+        return model
+
     def make_optimizer(self, model: torch.nn.Module, tc: "TrainConfig") -> torch.optim.Optimizer:
         if self.optimizer is None:
             return torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.adam_betas), eps=tc.adam_eps,
