@@ -137,6 +137,9 @@ class ComputeConfig(_Frozen):
     preempt_after_steps: int | None = Field(None, ge=1, description="Local launcher: inject a preemption after this step (steps).")
     preempt_mode: Literal["sigterm", "kill"] = Field("sigterm", description="Local launcher: notice+grace (sigterm) or hard kill.")
     preempt_grace_s: float = Field(30.0, gt=0.0, description="Local launcher: seconds between SIGTERM and SIGKILL (s).")
+    preempt_node: int | None = Field(
+        None, ge=0, description="Local launcher, num_nodes > 1: the node (0-based) the injected preemption hits; "
+        "null = the last one.")
 
     @field_validator("accelerators")
     @classmethod

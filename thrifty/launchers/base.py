@@ -63,3 +63,30 @@ def node_env(cfg: RunConfig, prices: list[Price]) -> dict[str, str]:
     cfg.require_resolved()
     return {ENV_VAR: cfg.to_env_json(), ENV_PRICES: prices_env(prices), "THRIFTY_RUN_ID": cfg.run_name,
             "PYTHONUNBUFFERED": "1"}
+
+
+def skypilot_node_vars(ips: list[str], rank: int) -> dict[str, str]:
+    """The variables SkyPilot gives node ``rank`` of a multi-node job (the local launcher gives the same)."""
+    return {"SKYPILOT_NODE_IPS": "\n".join(ips), "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(len(ips))}
+
+
+def torchrun_command(env: dict[str, str], port: int, rdzv_id: str, nproc_per_node: int = 1) -> list[str]:
+    """torchrun for one node of a multi-node job, from its SkyPilot variables: c10d rendezvous at the first node's
+    address (which hosts the store), one agent per node, the training program as each worker."""
+    import sys
+
+    head = env["SKYPILOT_NODE_IPS"].splitlines()[0].strip()
+    rank = int(env["SKYPILOT_NODE_RANK"])
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={env['SKYPILOT_NUM_NODES']}",
+            f"--nproc-per-node={nproc_per_node}", f"--node-rank={rank}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={head}:{port}", f"--rdzv-id={rdzv_id}", f"--rdzv-conf=is_host={int(rank == 0)}",
+            "--max-restarts=0", "-m", "training"]
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a local multi-node job's rendezvous)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -22,7 +22,9 @@ from pathlib import Path
 
 from thrifty.budget import TEARDOWN_S
 from thrifty.config import RunConfig
-from thrifty.launchers.base import JobState, JobStatus, LaunchError, node_env
+from thrifty.launchers.base import (JobState, JobStatus, LaunchError, free_loopback_port, node_env, skypilot_node_vars,
+                                    torchrun_command)
+from thrifty.launchers.notice import send_sigterm
 from thrifty.pricing import quote_emulated
 from thrifty.meter import Price
 from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, EXIT_BAD_INPUT, EXIT_BUDGET
@@ -33,6 +35,7 @@ from thrifty.storage import open_store
 log = logging.getLogger("thrifty.launch")
 
 POLL_S = 0.1
+NODE_END_GRACE_S = 15.0  # after one node of a multi-node job ends, the others' time to end by themselves
 
 
 class _Job:
@@ -82,26 +85,25 @@ class _Job:
             self.attempts.append(attempt)
             self.state = JobState.STARTING
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.log_dir / f"attempt-{attempt.number}.log"
-        with open(log_path, "ab") as log_file:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "training"], env={**os.environ, **node},
-                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,  # its own process group
-            )
-        self._set(JobState.RUNNING, f"attempt {attempt.number} running (pid {proc.pid}, log {log_path})")
+        procs = self._start_nodes(attempt.number, node)
+        self._set(JobState.RUNNING, f"attempt {attempt.number} running on {len(procs)} node(s) (pid "
+                                    f"{', '.join(str(p.pid) for p in procs)}, logs in {self.log_dir})")
         reason = None
-        while proc.poll() is None:
+        # a node that ends ends the attempt: its peers would wait on it in their next collective
+        while all(p.poll() is None for p in procs):
             if self.cancel_requested.is_set():
-                self._stop(proc, graceful=True, grace_s=self.cancel_deadline_s)
+                self._stop_all(procs, graceful=True, grace_s=self.cancel_deadline_s)
                 reason = "cancelled"
             elif self._preemption_due(attempt):
                 self.preemptions_injected += 1
-                log.warning("injecting a preemption (%s) into attempt %d", c.preempt_mode, attempt.number)
-                self._stop(proc, graceful=c.preempt_mode == "sigterm")
+                hit = len(procs) - 1 if c.preempt_node is None else min(c.preempt_node, len(procs) - 1)
+                log.warning("injecting a preemption (%s) into attempt %d%s", c.preempt_mode, attempt.number,
+                            f", node {hit} of {len(procs)}" if len(procs) > 1 else "")
+                self._stop(procs[hit], graceful=c.preempt_mode == "sigterm")
                 reason = "preempted"
             else:
                 time.sleep(POLL_S)
-        code = proc.returncode
+        code = self._end_nodes(procs)
         if code == EXIT_BUDGET:
             reason = "budget"
         elif code == 0 and (reason is None or finished_since(open_store(self.cfg.store), self.cfg.run_name, attempt.started_unix)):
@@ -111,6 +113,42 @@ class _Job:
         with self.lock:
             attempt.ended_unix, attempt.end_reason, attempt.exit_code = time.time(), reason, code
         return reason, code
+
+    def _start_nodes(self, attempt_number: int, node: dict[str, str]) -> list[subprocess.Popen]:
+        """One process group per node. One node runs the training program; several run it under torchrun, which
+        rendezvous (c10d, on loopback) from the variables a SkyPilot node gets: SKYPILOT_NODE_IPS, _NODE_RANK,
+        _NUM_NODES."""
+        n = self.cfg.compute.num_nodes
+        if n == 1:
+            commands, envs = [[sys.executable, "-m", "training"]], [node]
+        else:
+            port = free_loopback_port()
+            envs = [{**node, **skypilot_node_vars(["127.0.0.1"] * n, rank)} for rank in range(n)]
+            commands = [torchrun_command(e, port, f"{self.job_id}-{attempt_number}") for e in envs]
+        procs = []
+        for rank, (command, env) in enumerate(zip(commands, envs)):
+            name = f"attempt-{attempt_number}.log" if rank == 0 else f"attempt-{attempt_number}-node{rank}.log"
+            with open(self.log_dir / name, "ab") as log_file:
+                procs.append(subprocess.Popen(command, env={**os.environ, **env}, stdout=log_file,
+                                              stderr=subprocess.STDOUT, start_new_session=True))  # its own group
+        return procs
+
+    def _end_nodes(self, procs: list[subprocess.Popen]) -> int | None:
+        """The attempt's exit code once every node is gone: the first failure, else the first node's. Nodes still
+        running when one ended get a moment to finish the same way (a stop they agreed on), then are stopped."""
+        deadline = time.monotonic() + NODE_END_GRACE_S
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        self._stop_all([p for p in procs if p.poll() is None], graceful=True)
+        codes = [p.returncode for p in procs]
+        return next((c for c in codes if c not in (0, None)), codes[0])
+
+    def _stop_all(self, procs: list[subprocess.Popen], graceful: bool, grace_s: float | None = None) -> None:
+        threads = [threading.Thread(target=self._stop, args=(p, graceful, grace_s)) for p in procs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def _preemption_due(self, attempt: Attempt) -> bool:
         c = self.cfg.compute
@@ -127,7 +165,10 @@ class _Job:
         """SIGTERM the process group and wait out the grace period, then SIGKILL; or SIGKILL at once."""
         grace_s = self.cfg.compute.preempt_grace_s if grace_s is None else grace_s
         if graceful:
-            _signal_group(proc, signal.SIGTERM)
+            if self.cfg.compute.num_nodes > 1:  # a node's workers, as the notice watcher does: torchrun gives them 30 s
+                send_sigterm(proc.pid, children=True)
+            else:
+                _signal_group(proc, signal.SIGTERM)
             try:
                 proc.wait(timeout=grace_s)
                 return
