@@ -3,6 +3,13 @@
 A recipe is a plain object. Users plug in their own as ``package.module:function`` where the
 function returns a :class:`Recipe`. Everything a recipe produces in ``preprocess`` is cached
 in the store, keyed by ``fingerprint_raw()`` + the preprocessing source + the params.
+
+``preprocess`` returns one :class:`Dataset`, or, for data larger than memory, an iterable (a
+generator) of :class:`Dataset` chunks. Each chunk holds rows of one or more splits (any split
+names); a split's arrays keep the same names, dtypes and trailing shapes in every chunk (a
+mismatch is a ConfigError naming the split, the array and the chunk); rows are appended in
+chunk order, and ``meta`` of the chunks is merged (later keys win). Shards are written as the
+chunks come, so memory holds about one chunk plus one shard per array, never the data set.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Union
 
 import numpy as np
 import torch
@@ -41,6 +48,10 @@ class Dataset:
         return int(next(iter(arrays.values())).shape[0]) if arrays else 0
 
 
+Chunks = Iterable[Dataset]  # what a larger-than-memory preprocess yields: Datasets whose rows are appended in order
+Preprocessed = Union[Dataset, Chunks]
+
+
 @dataclass
 class StepOutput:
     loss: torch.Tensor  # mean loss over the batch (scalar), the thing backpropagated
@@ -53,7 +64,7 @@ class Recipe:
     name: str
     params_model: type[RecipeParams]
     fingerprint_raw: Callable[[RecipeParams], str]  # content hash of the raw data
-    preprocess: Callable[[RecipeParams], Dataset]
+    preprocess: Callable[[RecipeParams], Preprocessed]  # a Dataset, or Dataset chunks (a generator)
     build_model: Callable[[RecipeParams, dict[str, Any]], torch.nn.Module]
     step: Callable[[torch.nn.Module, dict[str, torch.Tensor]], StepOutput]
     # e.g. {"val_accuracy": ("correct", "count")}: metric = sum of numerator / sum of count
