@@ -265,6 +265,8 @@ def _map_npy(path: Path) -> tuple[np.ndarray, mmap.mmap | None]:
         if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize == 0:
             return np.empty(shape, dtype=dtype), None
         m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if hasattr(m, "madvise"):
+        m.madvise(mmap.MADV_RANDOM)
     return np.ndarray(shape, dtype=dtype, buffer=m, offset=offset), m
 
 

@@ -85,11 +85,22 @@ class _ArrayStream:
         file = f"{self.split}.{self.name}.{len(self.shards):05d}.npy"
         key = join_key(self.prefix, file)
         self.written.append(key)
+        rows = np.ascontiguousarray(rows)
         with self.store.writer(key) as f:
             out = _HashingFile(f)
-            np.lib.format.write_array(out, np.ascontiguousarray(rows), allow_pickle=False)
+            _write_npy(out, rows)
         self.shards.append({"file": file, "rows": int(len(rows)), "bytes": out.bytes,
                             "sha256": out.sha256.hexdigest()})
+
+
+def _write_npy(out: _HashingFile, rows: np.ndarray) -> None:
+    """``np.save``'s bytes, the data passed as one buffer (np.save would copy it in 16 MiB pieces)."""
+    header = np.lib.format.header_data_from_array_1_0(rows)
+    try:
+        np.lib.format.write_array_header_1_0(out, header)
+    except ValueError:  # a header over 64 KiB (a huge structured dtype): np.save writes version 2.0 then too
+        np.lib.format.write_array_header_2_0(out, header)
+    out.write(memoryview(rows.reshape(-1).view(np.uint8)))
 
 
 def iter_chunks(recipe: Recipe, data: Preprocessed) -> Iterator[Dataset]:
@@ -105,6 +116,7 @@ def iter_chunks(recipe: Recipe, data: Preprocessed) -> Iterator[Dataset]:
             raise ConfigError(f"recipe {recipe.name!r}: preprocess yielded {type(chunk).__name__} as chunk {i}; "
                               "every chunk must be a training.recipes.Dataset")
         yield chunk
+        del chunk  # each layer lets go of a chunk before the next is made: one chunk in memory, not two
 
 
 class _EntryWriter:
@@ -191,6 +203,7 @@ def _guarded(recipe: Recipe, chunks: Iterator[Dataset]) -> Iterator[Dataset]:
                          "cache entry was removed)")
             raise
         yield chunk
+        del chunk
         i += 1
 
 
@@ -212,6 +225,7 @@ def write_shards(store: Store, key: str, data: Preprocessed, recipe: Recipe, par
                 check(sizes)
         for i, chunk in enumerate(_guarded(recipe, iter_chunks(recipe, data))):
             entry.add(i, chunk)
+            del chunk  # not held while the generator makes the next one
         splits = entry.finish()
         sizes = {split: arrays[next(iter(arrays))]["shape"][0] for split, arrays in splits.items() if arrays}
         require_examples(recipe, params, sizes)

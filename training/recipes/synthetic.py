@@ -40,12 +40,15 @@ def fingerprint_raw(params: SyntheticParams) -> str:
 
 def _rows(params: SyntheticParams, split: str, start: int, end: int) -> dict[str, np.ndarray]:
     """Rows [start, end) of a split: features ~ N(0, 1), label = argmax of a fixed linear teacher."""
-    teacher = np.random.default_rng([params.seed, 7]).standard_normal((params.features, params.classes))
+    teacher = np.random.default_rng([params.seed, 7]).standard_normal((params.features, params.classes),
+                                                                      dtype=np.float32)
     split_id = 0 if split == "train" else 1
     first, last = start // BLOCK_ROWS, (end - 1) // BLOCK_ROWS
-    blocks = [np.random.default_rng([params.seed, split_id, b]).standard_normal(
-        (BLOCK_ROWS, params.features), dtype=np.float32) for b in range(first, last + 1)]
-    x = np.concatenate(blocks)[start - first * BLOCK_ROWS : end - first * BLOCK_ROWS]
+    x = np.empty(((last - first + 1) * BLOCK_ROWS, params.features), dtype=np.float32)  # filled in place: one copy
+    for b in range(first, last + 1):
+        at = (b - first) * BLOCK_ROWS
+        np.random.default_rng([params.seed, split_id, b]).standard_normal(dtype=np.float32, out=x[at : at + BLOCK_ROWS])
+    x = x[start - first * BLOCK_ROWS : end - first * BLOCK_ROWS]
     return {"x": x, "y": (x @ teacher).argmax(axis=1).astype(np.int64)}
 
 
