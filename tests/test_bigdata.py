@@ -187,7 +187,11 @@ def test_kill_9_while_preprocessing_leaves_no_committed_entry_and_the_next_run_r
     proc = subprocess.Popen([PYTHON, "-c", KILLED_WRITER, str(store_dir), json.dumps(params)], env=python_env(),
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not any(name.endswith(".tmp") for name in entry_files(store_dir, key)):
+    def stalled() -> bool:  # two shards complete, the third half-written
+        names = entry_files(store_dir, key)
+        return sum(n.endswith(".npy") for n in names) == 2 and any(n.endswith(".tmp") for n in names)
+
+    while not stalled():
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() < deadline, "the writer never reached its third shard"
         time.sleep(0.02)
