@@ -217,10 +217,10 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         check_data(cfg, sizes, dist.world)
 
     if dist.is_main:
-        cache, splits = open_cache(store, recipe, params, recipe.splits, fits)
+        cache, splits = open_cache(store, recipe, params, fits)
     dist.barrier()
     if not dist.is_main:
-        cache, splits = open_cache(store, recipe, params, recipe.splits, fits)
+        cache, splits = open_cache(store, recipe, params, fits)
     check_arrays(recipe, cache.manifest)
     train_split = splits["train"]
     global_batch = tc.examples_per_step(dist.world)

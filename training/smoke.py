@@ -36,7 +36,7 @@ def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:
     recipe, params = check_config(cfg)  # what the node would reject, by the node's own code
     store = open_store(cfg.store)
     world = world_size(cfg)  # the job's processes, not this CPU's: one step must fit the data on the node
-    cache, splits = open_cache(store, recipe, params, recipe.splits, lambda sizes: check_data(cfg, sizes, world))
+    cache, splits = open_cache(store, recipe, params, lambda sizes: check_data(cfg, sizes, world))
     try:
         check_arrays(recipe, cache.manifest)
     except ConfigError as exc:

@@ -5,7 +5,8 @@ function returns a :class:`Recipe`. Only six things are required (name, params, 
 preprocess, model, step); everything else has a default that the two built-ins use:
 
 - ``preprocess(params)`` returns a :class:`Dataset`: per split, named numpy arrays of equal
-  length (axis 0 = examples). ``"train"`` is trained on; every split in ``eval_splits``
+  length (axis 0 = examples); or, for data larger than memory, a generator of :class:`Dataset`
+  chunks (see below). ``"train"`` is trained on; every split in ``eval_splits``
   (default ``("val",)``) is evaluated, each reporting ``<split>_loss`` and ``<split>_<metric>``.
 - ``step(model, batch)`` or ``step(model, batch, mode)`` (``mode`` is ``"train"`` or
   ``"eval"``) returns a :class:`StepOutput`: the mean loss, the count it was taken over,
@@ -23,6 +24,12 @@ The preprocessing cache is keyed by ``fingerprint_raw()`` + the source of ``prep
 params model and the module-level functions and classes ``preprocess`` uses (not the whole
 module: editing the model does not re-preprocess, and two recipes in one module keep their own
 shards) + ``code_sources`` + the params.
+
+``preprocess`` may yield chunks: each holds rows of one or more splits (any split names); a
+split's arrays keep the same names, dtypes and trailing shapes in every chunk (a mismatch is a
+ConfigError naming the split, the array and the chunk); rows are appended in chunk order, and
+``meta`` of the chunks is merged (later keys win). Shards are written as the chunks come, so
+memory holds about one chunk plus one shard per array, never the data set.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import sys
 import textwrap
 import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Union
 
 import numpy as np
 import torch
@@ -74,6 +81,10 @@ class Dataset:
     def num_examples(self, split: str) -> int:
         arrays = self.splits.get(split) or {}
         return int(next(iter(arrays.values())).shape[0]) if arrays else 0
+
+
+Chunks = Iterable[Dataset]  # what a larger-than-memory preprocess yields: Datasets whose rows are appended in order
+Preprocessed = Union[Dataset, Chunks]
 
 
 @dataclass
@@ -126,7 +137,7 @@ class Recipe:
     name: str
     params_model: type[RecipeParams]
     fingerprint_raw: Callable[[RecipeParams], str]  # content hash of the raw data
-    preprocess: Callable[[RecipeParams], Dataset]
+    preprocess: Callable[[RecipeParams], Preprocessed]  # a Dataset, or Dataset chunks (a generator)
     build_model: Callable[[RecipeParams, dict[str, Any]], torch.nn.Module]
     # step(model, batch) or step(model, batch, mode) with mode "train" | "eval"
     step: Callable[..., StepOutput]
