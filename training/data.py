@@ -79,6 +79,7 @@ class ShardedArray:
         self.dtype = parts[0].dtype
         self.row_bytes = max(1, self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64)))
         self._mapped: dict[int, int] = {}  # shard -> bytes its reads may have mapped since the last release
+        self._map_bytes = sum(len(m) for m in self.maps if m is not None)  # all of it mapped at once
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -103,8 +104,8 @@ class ShardedArray:
 
     def _account(self, shard: int, local: np.ndarray) -> None:
         """Add what a read may have mapped (each row's folios, at most the span they cover and the shard)."""
-        if self.maps[shard] is None or not len(local):
-            return
+        if self._map_bytes <= RESIDENT_BYTES or self.maps[shard] is None or not len(local):
+            return  # (an array that fits under the limit whole never needs a release: no bookkeeping per batch)
         span = (int(local.max()) - int(local.min()) + 1) * self.row_bytes + 2 * _MAPPED_PER_TOUCH_BYTES
         scattered = len(local) * (self.row_bytes + _MAPPED_PER_TOUCH_BYTES)
         self._mapped[shard] = self._mapped.get(shard, 0) + min(span, scattered, len(self.maps[shard]))
