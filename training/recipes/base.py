@@ -357,8 +357,8 @@ def resolve_recipe(spec: str) -> Recipe:
         raise ConfigError(
             f"'recipe': cannot import module {module_name!r} for recipe {spec!r} ({exc}). Run thrifty from the "
             f"directory that holds {module_name.split('.')[0]!r} (it is importable from there, as on a cloud node, "
-            "whose current directory is compute.workdir), install its package (pip install -e .), or add its parent "
-            "directory to PYTHONPATH."
+            "whose current directory is compute.workdir), check that its package is installed (pip install -e .), or "
+            "add its parent directory to PYTHONPATH."
         ) from None
     except Exception as exc:  # the module itself is broken: say where, not a traceback
         raise ConfigError(f"'recipe': importing module {module_name!r} for recipe {spec!r} failed: "
