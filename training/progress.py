@@ -16,7 +16,7 @@ from thrifty.runs import run_key
 from thrifty.storage import Store
 from thrifty.storage.atomic import temp_beside
 from thrifty.storage.spool import spool_dir
-from training.checkpoint import daly_interval_s
+from thrifty.daly import daly_interval_s
 
 
 class MetricsWriter:
