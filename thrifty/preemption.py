@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Literal
 
+from thrifty.config import RunConfig
 from thrifty.ledger import Attempt, read_attempts
+from thrifty.meter import Price
 from thrifty.storage import Store
 
 MIN_LEDGER_PREEMPTIONS = 5  # fewer events than this and the ledgers' estimate is noisier than the traces' (+-45 %)
@@ -205,3 +207,13 @@ def choose_mtbp(store: Store | None, cloud: str | None, instance: str | None, sp
     notes.append(f"no shipped statistics for {cloud} {instance}" if stats is None else
                  f"the shipped traces of {cloud} {instance} saw no preemption in {stats.alive_hours:.0f} h")
     return MtbpChoice(config_s, "config", f"{fallback}; {'; '.join(notes)}")
+
+
+def node_mtbp(store: Store, cfg: RunConfig, price: Price | None) -> MtbpChoice:
+    """What ``checkpoint_every: auto`` plans with on a node: the choice for the instance its meter matched (``price``,
+    None when no launcher named one: a machine of one's own, nothing to preempt it but the config's guess)."""
+    config_s = cfg.train.mean_time_between_preemptions_s
+    if price is None:
+        return MtbpChoice(config_s, "config", "train.mean_time_between_preemptions_s (no launcher named this "
+                                              "node's instance)")
+    return choose_mtbp(store, price.cloud, price.instance, price.spot, config_s, cfg.compute.num_nodes)

@@ -26,6 +26,7 @@ from thrifty.config import ConfigError, RunConfig
 from thrifty import lease
 from thrifty.faults import fault_point
 from thrifty.meter import NodeMeter, node_job_id
+from thrifty.preemption import MtbpChoice, node_mtbp
 from thrifty.protocol import ENV_LEASE_TOKEN
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
@@ -266,11 +267,18 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
 
     metrics = MetricsWriter(store, run_id) if dist.is_main else None
     emit = metrics.write if metrics else (lambda record: None)
-    schedule = CheckpointSchedule(tc.checkpoint_every, tc.mean_time_between_preemptions_s, state.step)
+    # auto plans from the instance's preemption data: the store's ledgers, the shipped traces, else the config
+    mtbp = node_mtbp(store, cfg, meter.price if meter else None) if tc.checkpoint_every == "auto" and dist.is_main \
+        else MtbpChoice(tc.mean_time_between_preemptions_s, "config", "train.mean_time_between_preemptions_s")
+    schedule = CheckpointSchedule(tc.checkpoint_every, mtbp.mtbp_s, state.step, mtbp.source)
     stop = StopSignal().install()
     emit({"event": "start", "step": state.step, "total_steps": total_steps, "resumes": state.resumes,
           "precision": precision_name(amp), "device": str(device), "world_size": dist.world,
-          "cache_key": cache.key, "cache_hit": cache.hit})
+          "cache_key": cache.key, "cache_hit": cache.hit}
+         | ({"mtbp_s": round(mtbp.mtbp_s, 1), "mtbp_source": mtbp.source, "mtbp_detail": mtbp.detail}
+            if schedule.auto else {}))
+    if schedule.auto and dist.is_main:
+        log.info("auto checkpoint interval: mean time between preemptions %s", mtbp.describe())
     log.info("training %s: %d steps (%d per epoch), %s on %s, cache %s", recipe.name, total_steps, steps_per_epoch,
              precision_name(amp), device, "hit" if cache.hit else "miss")
 
@@ -293,7 +301,8 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             if plan:
                 emit(plan)
                 log.info("auto checkpoint interval: every %d steps (~%.1f s; save %.3f s, mean time between "
-                         "preemptions %.0f s)", plan["steps"], plan["seconds"], plan["save_s"], plan["mtbp_s"])
+                         "preemptions %.0f s from %s)", plan["steps"], plan["seconds"], plan["save_s"], plan["mtbp_s"],
+                         plan["mtbp_source"])
             metrics.sync()
         schedule.follow(state.step, dist.broadcast(schedule.interval))  # all ranks keep rank 0's plan
 
