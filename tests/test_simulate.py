@@ -227,9 +227,9 @@ def test_cli_takes_step_and_save_times_from_an_earlier_run(store_dir, capsys):
      "no shipped preemption statistics for aws:g5.xlarge"),
     (["--step-s", "1", "--save-s", "1", "--steps", "10", "--preemptions", "ledger"], "hold no preemption"),
     (["--step-s", "1", "--save-s", "1", "--steps", "10", "--trials", "1"], "--trials must be between"),
-    (["--step-s", "1", "--save-s", "1", "--steps", "10", "--chart", "/nonexistent-dir/x.svg"], "pick a writable path"),
+    (["--step-s", "1", "--save-s", "1", "--steps", "10", "--chart", "{tmp}/missing/x.svg"], "pick a writable path"),
 ])
-def test_cli_bad_input_exits_2_with_the_fix(store_dir, capsys, flags, fix):
-    assert _sim(store_dir, *flags) == 2
+def test_cli_bad_input_exits_2_with_the_fix(store_dir, tmp_path, capsys, flags, fix):
+    assert _sim(store_dir, *(f.format(tmp=tmp_path) for f in flags)) == 2
     err = capsys.readouterr().err
     assert fix in " ".join(err.split()) and "Traceback" not in err
