@@ -105,6 +105,7 @@ def test_rooms_are_readable_size():
 
 @pytest.mark.parametrize("code", [
     "import thrifty.archive, thrifty.cli, thrifty.checkpoints, thrifty.budget, thrifty.savings",
+    "import thrifty.simulate, thrifty.simulate_inputs, thrifty.simulate_report, thrifty.preemption, thrifty.daly",
     "import sys; sys.argv = ['thrifty', 'archive', '--help']\n"
     "import thrifty.cli\ntry:\n    thrifty.cli.main()\nexcept SystemExit:\n    pass",
 ])

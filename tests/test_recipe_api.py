@@ -16,7 +16,8 @@ from conftest import PYTHON, REPO, python_env
 from thrifty.config import ConfigError, build_config
 from thrifty.storage import FileStore
 from training.data import cache_key, ensure_shards
-from training.loop import batch_positions, train
+from training.loop import train
+from training.steps import batch_positions
 from training.recipes import RecipeError, lr_factor, resolve_recipe
 from training.runtime import weights_sha256
 from training.smoke import SmokeTestFailed, smoke_test

@@ -123,6 +123,28 @@ def cmd_prices(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Replay preemptions against the planned run: expected wall time, dollars, lost work per checkpoint interval."""
+    from pathlib import Path
+
+    from thrifty import simulate, simulate_inputs, simulate_report
+
+    plan, model, notes = simulate_inputs.build(args, resolved_config(args))
+    try:
+        sim = simulate.simulate(plan, model, trials=args.trials, seed=args.seed, extra=tuple(args.every or ()),
+                                notes=notes)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}: check --save-s, --restart-s and the preemption data") from None
+    print(simulate_report.table_text(sim), end="")
+    if args.chart:
+        try:
+            Path(args.chart).write_text(simulate_report.chart_svg(sim))
+        except OSError as exc:
+            raise ConfigError(f"--chart {args.chart}: cannot write it ({exc.strerror}); pick a writable path") from None
+        print(f"chart: {args.chart}")
+    return EXIT_OK
+
+
 def cmd_archive(args: argparse.Namespace) -> int:
     """Plan (default) or apply an archival pass; restore a run; mark gold or pinned; bucket lifecycle rules."""
     from rich.console import Console
@@ -256,6 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prices: SkyPilot's catalog when on this machine (auto), the shipped table, or the catalog only")
     p.set_defaults(func=cmd_plan)
 
+    p = sub.add_parser("simulate", help="replay spot preemptions against the planned run: expected wall time, dollars "
+                                        "and lost work per checkpoint interval, against on-demand")
+    add_config_args(p)
+    _simulate_options(p)
+    p.set_defaults(func=cmd_simulate)
+
     p = sub.add_parser("prices", help="print $/hour by instance (spot and on-demand), or storage tiers in $/GB-month")
     p.add_argument("--accelerator", "-a", help="only this accelerator, NAME or NAME:COUNT (e.g. A100 or A100:8)")
     p.add_argument("--cloud", action="append", choices=["aws", "gcp", "azure"], help="only this cloud (repeatable)")
@@ -317,6 +345,28 @@ def _archive_options(p: argparse.ArgumentParser, top: bool = False) -> None:
     p.add_argument("--tier", choices=["archive", "cold"], default=default("tier"), help=fields["tier"].description)
     p.add_argument("--as-of", default=default("as_of"), metavar="DATE",
                    help="plan as of this date or time (ISO 8601, e.g. 2027-03-01), to preview a future pass")
+
+
+def _simulate_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--step-s", type=float, help="seconds per optimizer step on the instance (default: measured by an "
+                   "earlier run of the config's run_name in its store)")
+    p.add_argument("--save-s", type=float, help="seconds per checkpoint on the step path (default: measured likewise)")
+    p.add_argument("--steps", type=int, help="the run's optimizer steps (default: the earlier run's total)")
+    p.add_argument("--instance", metavar="CLOUD:INSTANCE", help="priced from the price table (default: compute.emulate)")
+    p.add_argument("--preemptions", choices=["auto", "ledger", "shipped", "config"], default="auto",
+                   help="where the mean time between preemptions comes from: auto = the store's ledgers when they hold "
+                        "enough preemptions of the instance, else the shipped spot-trace statistics, else "
+                        "train.mean_time_between_preemptions_s (what checkpoint_every: auto uses)")
+    p.add_argument("--mtbp-s", type=float, help="mean seconds between preemptions, overriding every source")
+    p.add_argument("--distribution", choices=["exponential", "quantiles"], default="exponential",
+                   help="lifetimes exponential with that mean (Young/Daly's model), or resampled from the shipped "
+                        "traces' run-length quantiles (many short lives, a long tail)")
+    p.add_argument("--zone", help="only the shipped statistics of this zone, e.g. us-west-2b")
+    p.add_argument("--restart-s", type=float, help="seconds from a preemption to training again (default 300)")
+    p.add_argument("--every", type=int, action="append", metavar="STEPS", help="also simulate this interval (repeatable)")
+    p.add_argument("--trials", type=int, default=2000, help="Monte Carlo runs per interval (default 2000)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--chart", metavar="PATH", help="also draw the expected cost per interval as an SVG file")
 
 
 def main(argv: list[str] | None = None) -> int:

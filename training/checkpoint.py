@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import contextlib
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 
 from thrifty import checkpoints as layout
 from thrifty.checkpoints import CheckpointArchived, CheckpointInfo
+from thrifty.daly import daly_interval_s  # re-exported: its home is the library, shared with `thrifty simulate`
 from thrifty.faults import fault_point
 from thrifty.storage import Archived, NotFound, Store, join_key
 from thrifty.storage.atomic import temp_beside
@@ -173,11 +173,3 @@ def _sha256_file(path: Path) -> tuple[str, int]:
             h.update(chunk)
             size += len(chunk)
     return h.hexdigest(), size
-
-
-def daly_interval_s(save_s: float, mtbf_s: float) -> float:
-    """Daly (2006) optimum compute time between checkpoints for save cost ``save_s`` and MTBF ``mtbf_s``."""
-    if save_s >= 2 * mtbf_s:
-        return mtbf_s
-    r = save_s / (2 * mtbf_s)
-    return math.sqrt(2 * save_s * mtbf_s) * (1 + math.sqrt(r) / 3 + r / 9) - save_s

@@ -17,28 +17,27 @@ import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-import numpy as np
 import torch
 
 from thrifty.config import ConfigError, RunConfig
 from thrifty import lease
 from thrifty.faults import fault_point
 from thrifty.meter import NodeMeter, node_job_id
+from thrifty.preemption import MtbpChoice, node_mtbp
 from thrifty.protocol import ENV_LEASE_TOKEN
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
 from training.checkpoint import CheckpointManager
-from training.data import Split, epoch_permutation, open_cache
+from training.data import epoch_permutation, open_cache
 from training.progress import CheckpointSchedule, MetricsWriter
+from training.steps import batch_positions, evaluate, optimizer_step
 from training.early_stopping import EarlyStopping
-from training.recipes.base import Recipe
 from training.validate import check_arrays, check_config, check_data
 from training.runtime import (
     Dist,
     StopSignal,
-    autocast,
     pick_device,
     pick_precision,
     precision_name,
@@ -84,62 +83,6 @@ class TrainResult:
     status: str  # completed | stopped_early | interrupted
     summary: RunSummary | None
     step: int
-
-
-def optimizer_step(model: torch.nn.Module, recipe: Recipe, fetch: Callable[[int], dict[str, torch.Tensor]],
-                   accum: int, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, device: torch.device,
-                   amp: torch.dtype | None, grad_clip: float | None, ddp: bool = False) -> float:
-    """One optimizer step over ``accum`` micro-batches (``fetch(i)`` gives the i-th); returns the mean loss.
-
-    Each micro-batch's mean loss is divided by ``accum``, so the accumulated gradient equals that of
-    one batch ``accum`` times larger. Under DDP, gradients are all-reduced only on the last micro-batch.
-    """
-    optimizer.zero_grad(set_to_none=True)
-    loss_sum = torch.zeros((), device=device)
-    for micro in range(accum):
-        batch = fetch(micro)
-        with (model.no_sync() if ddp and micro < accum - 1 else contextlib.nullcontext()):
-            with autocast(device, amp):
-                out = recipe.run_step(model, batch, "train")
-            scaler.scale(out.loss / accum).backward()
-        loss_sum += out.loss.detach().float()
-    if grad_clip is not None:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    scaler.step(optimizer)
-    scaler.update()
-    return float(loss_sum) / accum
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, recipe: Recipe, splits: dict[str, Split], device: torch.device,
-             amp: torch.dtype | None, batch_size: int, max_batches: int | None = None) -> dict[str, float]:
-    """``<split>_loss`` and every declared metric on each of the recipe's eval splits (in eval mode), e.g.
-    ``{"val_loss": ..., "val_accuracy": ...}``. ``max_batches`` limits each split (the smoke test)."""
-    model.eval()
-    result: dict[str, float] = {}
-    for name in recipe.eval_splits:
-        split = splits[name]
-        loss_sum, sums = 0.0, {"count": 0.0}
-        for i, start in enumerate(range(0, split.n, batch_size)):
-            if max_batches is not None and i >= max_batches:
-                break
-            batch = split.batch(np.arange(start, min(start + batch_size, split.n)), device)
-            with autocast(device, amp):
-                out = recipe.run_step(model, batch, "eval")
-            loss_sum += float(out.loss.float()) * out.count
-            for k, v in (*out.sums.items(), ("count", out.count)):
-                sums[k] = sums.get(k, 0.0) + float(v)
-        result[f"{name}_loss"] = loss_sum / sums["count"] if sums["count"] else float("nan")
-        result.update(recipe.reduce_metrics(name, sums))
-    model.train()
-    return result
-
-
-def batch_positions(start: int, size: int, n: int) -> np.ndarray:
-    """Positions ``start .. start+size`` in an epoch's order of ``n`` examples; past the end they wrap to its start
-    (only with ``drop_last: false``, whose last step is padded the way torch's DistributedSampler pads)."""
-    return np.arange(start, start + size) % n
 
 
 def _check_compatible(cfg: RunConfig, saved_cfg: dict[str, Any], run_id: str) -> None:
@@ -278,11 +221,18 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
 
     metrics = MetricsWriter(store, run_id) if dist.is_main else None
     emit = metrics.write if metrics else (lambda record: None)
-    schedule = CheckpointSchedule(tc.checkpoint_every, tc.mean_time_between_preemptions_s, state.step)
+    # auto plans from the instance's preemption data: the store's ledgers, the shipped traces, else the config
+    mtbp = node_mtbp(store, cfg, meter.price if meter else None) if tc.checkpoint_every == "auto" and dist.is_main \
+        else MtbpChoice(tc.mean_time_between_preemptions_s, "config", "train.mean_time_between_preemptions_s")
+    schedule = CheckpointSchedule(tc.checkpoint_every, mtbp.mtbp_s, state.step, mtbp.source)
     stop = StopSignal().install()
     emit({"event": "start", "step": state.step, "total_steps": total_steps, "resumes": state.resumes,
           "precision": precision_name(amp), "device": str(device), "world_size": dist.world,
-          "cache_key": cache.key, "cache_hit": cache.hit})
+          "cache_key": cache.key, "cache_hit": cache.hit}
+         | ({"mtbp_s": round(mtbp.mtbp_s, 1), "mtbp_source": mtbp.source, "mtbp_detail": mtbp.detail}
+            if schedule.auto else {}))
+    if schedule.auto and dist.is_main:
+        log.info("auto checkpoint interval: mean time between preemptions %s", mtbp.describe())
     log.info("training %s: %d steps (%d per epoch), %s on %s, cache %s", recipe.name, total_steps, steps_per_epoch,
              precision_name(amp), device, "hit" if cache.hit else "miss")
 
@@ -306,7 +256,8 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             if plan:
                 emit(plan)
                 log.info("auto checkpoint interval: every %d steps (~%.1f s; save %.3f s, mean time between "
-                         "preemptions %.0f s)", plan["steps"], plan["seconds"], plan["save_s"], plan["mtbp_s"])
+                         "preemptions %.0f s from %s)", plan["steps"], plan["seconds"], plan["save_s"], plan["mtbp_s"],
+                         plan["mtbp_source"])
             metrics.sync()
         schedule.follow(state.step, dist.broadcast(schedule.interval))  # all ranks keep rank 0's plan
 

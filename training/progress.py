@@ -16,7 +16,7 @@ from thrifty.runs import run_key
 from thrifty.storage import Store
 from thrifty.storage.atomic import temp_beside
 from thrifty.storage.spool import spool_dir
-from training.checkpoint import daly_interval_s
+from thrifty.daly import daly_interval_s
 
 
 class MetricsWriter:
@@ -54,9 +54,9 @@ class CheckpointSchedule:
 
     PROBE_STEPS = 10  # auto: first save after this many steps, to measure the save cost
 
-    def __init__(self, every: int | str, mtbp_s: float, start_step: int):
+    def __init__(self, every: int | str, mtbp_s: float, start_step: int, mtbp_source: str = "config"):
         self.auto = every == "auto"
-        self.mtbp_s = mtbp_s
+        self.mtbp_s, self.mtbp_source = mtbp_s, mtbp_source  # source: ledger | shipped | config (thrifty.preemption)
         self.interval = self.PROBE_STEPS if self.auto else int(every)
         self.last_saved = start_step
         self.save_s: float | None = None
@@ -79,4 +79,5 @@ class CheckpointSchedule:
             return None
         self.interval = steps
         return {"event": "checkpoint_interval", "steps": steps, "seconds": round(tau_s, 2),
-                "save_s": round(self.save_s, 4), "mtbp_s": self.mtbp_s, "step_time_s": round(step_time_s, 5)}
+                "save_s": round(self.save_s, 4), "mtbp_s": round(self.mtbp_s, 1),
+                "mtbp_source": self.mtbp_source, "step_time_s": round(step_time_s, 5)}

@@ -22,7 +22,7 @@ from thrifty.results import SmokeResult
 from thrifty.storage import FileStore, open_store
 from training.checkpoint import CheckpointManager
 from training.data import open_cache
-from training.loop import evaluate, optimizer_step
+from training.steps import evaluate, optimizer_step
 from training.runtime import autocast, pick_precision, precision_name, seed_everything, weights_sha256
 from training.validate import check_arrays, check_config, check_data, dtype_hints
 
