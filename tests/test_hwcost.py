@@ -114,20 +114,21 @@ def _as_on_a_gpu_node(store, run_id: str) -> tuple[str, list[float]]:
     return records[0]["time_unix"], [r["samples_per_s"] for r in records if r.get("event") is None and "samples_per_s" in r]
 
 
-def test_measured_speeds_from_the_stores_ledger_and_metrics_override_the_table(tmp_path):
+def test_measured_speeds_from_the_stores_ledger_and_metrics_override_the_table(tmp_path, capsys):
     cfg = _digits_run(tmp_path, "measured")
     store = open_store(cfg.store)
     key = speed_key(cfg)
     [start] = [r for o in store.list(run_key("measured", "metrics") + "/")
                for r in map(json.loads, store.get_bytes(o.key).decode().splitlines()) if r.get("event") == "start"]
     assert start["speed_key"] == key and start["train_examples"] > 0  # what the node's start record carries
-    # a local-launcher run trains on this CPU while metering an emulated g5.xlarge: never a GPU speed
-    t0 = start["time_unix"]
+    assert measured_speeds(store, key) == {}  # metrics with no ledger row: where it ran is unknown
+    # the same run as a GPU node records it...
+    t0, logged = _as_on_a_gpu_node(store, "measured")
+    # ...under the local launcher, which meters an emulated g5.xlarge whatever this machine has: not an A10G speed
     write_job_attempts(store, "measured", "local-1", [Attempt("local-1", 1, "aws", "local", "g5.xlarge", True, 0.302, 1,
                                                               t0 - 5, t0 + 60, "succeeded")])
     assert measured_speeds(store, key) == {}
-    # the same run as a cloud node records it: on a g5.xlarge (A10G) whose ledger attempt was billing at its start
-    t0, logged = _as_on_a_gpu_node(store, "measured")
+    # ...and on a cloud g5.xlarge (A10G) whose ledger attempt was billing when it started
     write_job_attempts(store, "measured", "sky-7", [Attempt("sky-7", 1, "aws", "us-east-1", "g5.xlarge", True, 0.302, 1,
                                                             t0 - 30, t0 + 60, "succeeded")])
     got = measured_speeds(store, key)
@@ -148,9 +149,19 @@ def test_measured_speeds_from_the_stores_ledger_and_metrics_override_the_table(t
                          on_demand_fallback=False)
     assert speed_key(cloud) == key  # where it trains does not change what it trains
     plan = plan_text(cloud, source="offline", measured=got)
-    assert "# Estimated cost of the whole run" in plan and "# Winner: " in plan
-    assert "A10G: measured" in plan
+    examples = cloud.train.total_steps(start["train_examples"], 1) * cloud.train.examples_per_step(1)
+    assert f"# Estimated cost of the whole run, cheapest first ({examples:,} examples to train" in plan
+    assert "# Winner: " in plan and "A10G: measured" in plan and "H100: the measured A10G" in plan
     yaml.safe_load(plan)  # the cost table is YAML comments under a task
+    # the CLI reads the store itself (`--speeds table` does not)
+    from thrifty.cli import main
+
+    path = tmp_path / "cloud.yaml"
+    path.write_text(yaml.safe_dump(cloud.model_dump(mode="json")))
+    assert main(["plan", "--config", str(path), "--source", "offline"]) == 0
+    assert "A10G: measured" in capsys.readouterr().out
+    assert main(["plan", "--config", str(path), "--source", "offline", "--speeds", "table"]) == 0
+    assert "A10G: measured" not in capsys.readouterr().out
 
 
 def test_the_budget_gate_prices_the_cheapest_run_and_holds_the_deadline(tmp_path):
