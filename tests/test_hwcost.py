@@ -185,3 +185,15 @@ def test_the_budget_gate_prices_the_cheapest_run_and_holds_the_deadline(tmp_path
     local = build_config({"run_name": "hw", "store": store, "compute": {"deadline_h": 0.001}})
     with pytest.raises(ConfigError, match="on this machine .* over compute.deadline_h 0.001 h"):
         estimate_for(local, prep, smoke)
+
+
+def test_on_demand_stays_the_fallback_and_the_plan_says_what_it_would_save():
+    cfg = cloud_cfg(on_demand_fallback=True, use_spot=True)
+    cands = [k for k in candidates(cfg, "offline")[0] if not (k.spot and k.accelerator == "H100:1")]  # no H100 spot
+    work = 1000.0 * 3600 * 40  # 40 h on an A10G: $12.10 spot; ~1.1 h on an on-demand H100 40x as fast: $7.56
+    ranking = rank(cfg, cands, speeds_for(["A10G", "H100"], measured(a10g=1000.0, h100=40000.0)), work)
+    assert [(x.candidate.accelerator, x.candidate.spot) for x in ranking.ranked] == [
+        ("A10G:1", True), ("H100:1", False), ("A10G:1", False)]  # spot first: the user asked for on-demand as fallback
+    assert ranking.winner.usd == pytest.approx((40 + 300 / 3600) * A10G_SPOT)
+    assert ("(on-demand H100:1 on-demand on azure would cost $7.56 for ~1.1 h, but on-demand is only the fallback; "
+            "set compute.use_spot=false to rank it first)") in ranking.why()

@@ -53,6 +53,7 @@ class Ranking:
     examples: float | None  # examples left to train, priced; None without a runtime
     speeds: Speeds
     deadline_h: float | None
+    spot_first: bool = False  # on-demand candidates follow every spot one (compute.on_demand_fallback)
 
     @property
     def winner(self) -> Costed:
@@ -60,6 +61,17 @@ class Ranking:
 
     def why(self) -> str:
         """Which candidate wins and why, in one sentence."""
+        text = self._why()
+        win = self.winner
+        if self.spot_first and win.candidate.spot:
+            key = (lambda x: x.usd) if win.usd is not None else (lambda x: x.per_work_usd)
+            cheaper = [x for x in self.ranked if not x.candidate.spot and key(x) < key(win)]
+            if cheaper:
+                text += (f" (on-demand {cheaper[0].label()} would cost {cheaper[0].cost_text()}, but on-demand is only "
+                         "the fallback; set compute.use_spot=false to rank it first)")
+        return text
+
+    def _why(self) -> str:
         win = self.winner
         basis = "per run" if win.usd is not None else "per unit of work (no runtime known: start-up not counted)"
         others = [c for c in self.ranked[1:] if c.candidate.accelerator != win.candidate.accelerator]
@@ -108,4 +120,4 @@ def rank(cfg: RunConfig, cands: list[Candidate], speeds: Speeds, examples: float
     spot_first = c.use_spot and c.on_demand_fallback  # on-demand is the fallback, not a peer
     feasible.sort(key=lambda x: (not x.candidate.within_cap, spot_first and not x.candidate.spot,
                                  x.usd if timed else x.per_work_usd, x.candidate.usd_per_hour))
-    return Ranking(feasible, excluded, examples if timed else None, speeds, deadline)
+    return Ranking(feasible, excluded, examples if timed else None, speeds, deadline, spot_first)
