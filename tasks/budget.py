@@ -16,7 +16,7 @@ from thrifty.storage import open_store
 from thrifty.throughput import measured_speeds, speed_key, speeds_for
 
 
-def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> tuple[Estimate, str]:
+def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Estimate:
     """What is left of the run (from its newest checkpoint) on the candidate where it costs least, and why that one:
     every candidate's speed measured in the store's runs of this model, else scaled from the smoke test's CPU speed
     by the throughput table. ConfigError when ``compute.deadline_h`` leaves no candidate."""
@@ -39,13 +39,13 @@ def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> tup
         winner = ranking.winner.candidate
         quote, accelerator, why = winner.quote, winner.accelerator, ranking.why()
     estimate = estimate_run(total - done, per_example_s, examples_per_step, quote.usd_per_hour, c.num_nodes,
-                            accelerator, c.launcher, quote.source, total_steps=total, speeds=speeds)
-    if c.deadline_h is not None and estimate.hours > c.deadline_h:  # the local launcher: this CPU or nothing
+                            accelerator, c.launcher, quote.source, total_steps=total, speeds=speeds, choice=why)
+    if c.launcher == "local" and c.deadline_h is not None and estimate.hours > c.deadline_h:  # this CPU or nothing
         raise ConfigError(f"'compute.deadline_h': the run needs ~{estimate.hours:.2f} h on this machine "
                           f"({estimate.assumption}), over compute.deadline_h {c.deadline_h:g} h. Raise compute.deadline_h, "
                           "train fewer steps (train.max_epochs / train.max_steps), or use compute.launcher=skypilot "
                           "with a faster accelerator; nothing was launched.")
-    return estimate, why
+    return estimate
 
 
 @task(name="budget-gate", retries=0)
@@ -53,12 +53,12 @@ def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> tup
 def budget_gate(config: RunConfig, prep: PrepResult, smoke: SmokeResult, poll_s: float = 1.0) -> Estimate:
     """Estimate on the candidate where the run costs least (measured or smoke-test speeds, the price table); refuse (OverBudgetPlan) what the budget,
     less what the run already spent and the reserve the cap holds back, cannot carry."""
-    estimate, why = estimate_for(config, prep, smoke)
+    estimate = estimate_for(config, prep, smoke)
     spent = spend_usd(read_attempts(open_store(config.store), config.run_name))
     reserve = stop_reserve_s(config, poll_s)
     logger = get_run_logger()
-    if why:
-        logger.info("hardware by the run's cost: %s", why)
+    if estimate.choice:
+        logger.info("hardware by the run's cost: %s", estimate.choice)
     logger.info("estimated cost $%.5f for %d steps (%.4f h at $%.3f/h): %s; %g s of burn held back to stop in; "
                 "$%.5f spent by earlier jobs of this run", estimate.usd, estimate.steps, estimate.hours,
                 estimate.usd_per_hour, estimate.assumption, reserve, spent)

@@ -174,11 +174,11 @@ def test_the_budget_gate_prices_the_cheapest_run_and_holds_the_deadline(tmp_path
     smoke = SmokeResult(recipe="digits", steps=3, losses=[1.0], cpu_step_time_s=0.4, examples_per_step=eps,
                         parameters=1, precision_checked="fp32", cache_key="k")
     cfg = cloud_cfg(store, deadline_h=2.0).updated({"train": {"max_epochs": 1, "micro_batch": eps}}, "test")
-    estimate, why = estimate_for(cfg, prep, smoke)
+    estimate = estimate_for(cfg, prep, smoke)
     a10g_h, h100_h = n_train / 2560 / 3600, n_train / (2560 * RELATIVE_SPEED["H100"]) / 3600
     assert a10g_h > 2.0 > h100_h  # the A10G would be cheaper per run here, but misses the deadline
     assert estimate.accelerator == "H100:1" and estimate.usd_per_hour == H100_SPOT
-    assert estimate.hours == pytest.approx(h100_h + 300 / 3600) and "H100:1 spot on azure wins" in why
+    assert estimate.hours == pytest.approx(h100_h + 300 / 3600) and "H100:1 spot on azure wins" in estimate.choice
     assert estimate.speeds is not None and "16x for an A10G" in estimate.speeds.explain("A10G")
     with pytest.raises(ConfigError, match="the fastest, H100:1 spot on azure, needs"):
         estimate_for(with_compute(cfg, deadline_h=0.5), prep, smoke)

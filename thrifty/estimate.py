@@ -39,11 +39,12 @@ class Estimate(BaseModel):
     total_steps: int = 0  # the whole run's steps (steps + those already checkpointed)
     accelerator: str | None = None  # NAME:COUNT priced; None: this machine's CPU (the local launcher)
     speeds: Speeds | None = None  # every candidate accelerator's speed for this model (ranks the SkyPilot task)
+    choice: str = ""  # why this hardware: the candidate the run costs least on, against the cheapest per hour
 
 
 def estimate_run(steps: int, cpu_seconds_per_example: float, examples_per_step: int, usd_per_hour: float,
                  nodes: int, accelerator: str | None, launcher: str, price_source: str = "",
-                 total_steps: int | None = None, speeds: Speeds | None = None) -> Estimate:
+                 total_steps: int | None = None, speeds: Speeds | None = None, choice: str = "") -> Estimate:
     """Cost of ``steps`` on ``accelerator``: at its speed in ``speeds`` (measured, or scaled from the smoke test's
     CPU speed by the throughput table: ``thrifty.throughput``), or on this CPU at the smoke test's speed (stated)."""
     if accelerator is None:  # the local launcher trains on this CPU: no scaling
@@ -60,7 +61,7 @@ def estimate_run(steps: int, cpu_seconds_per_example: float, examples_per_step: 
     return Estimate(usd=hours * usd_per_hour * nodes, hours=hours, steps=steps, usd_per_hour=usd_per_hour * nodes,
                     assumption=f"{how}, plus {startup_s:g} s of start-up", price_source=price_source,
                     step_s=step_s, startup_s=startup_s, total_steps=steps if total_steps is None else total_steps,
-                    accelerator=accelerator, speeds=speeds)
+                    accelerator=accelerator, speeds=speeds, choice=choice)
 
 
 def first_checkpoint_steps(checkpoint_every: int | str, steps_left: int) -> int:
