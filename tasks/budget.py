@@ -7,42 +7,58 @@ from prefect import get_run_logger, task
 from tasks.errors import fails_quietly
 from thrifty import checkpoints
 from thrifty.budget import spend_usd, stop_reserve_s, world_size
-from thrifty.config import RunConfig
+from thrifty.config import ConfigError, RunConfig
 from thrifty.estimate import Estimate, estimate_run, gate
 from thrifty.ledger import read_attempts
 from thrifty.pricing import quote_emulated
 from thrifty.results import PrepResult, SmokeResult
 from thrifty.storage import open_store
+from thrifty.throughput import measured_speeds, speed_key, speeds_for
 
 
 def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Estimate:
-    """What is left of the run (from its newest checkpoint) at the smoke test's measured speed and the price table."""
+    """What is left of the run (from its newest checkpoint) on the candidate where it costs least, and why that one:
+    every candidate's speed measured in the store's runs of this model, else scaled from the smoke test's CPU speed
+    by the throughput table. ConfigError when ``compute.deadline_h`` leaves no candidate."""
     c = config.compute
-    if c.launcher == "local":
-        quote, accelerator = quote_emulated(c.emulate, c.use_spot), None
-    else:  # the cheapest candidate SkyPilot may pick
-        from thrifty.launchers.skypilot import candidates
-
-        cheapest = candidates(config)[0][0]
-        quote, accelerator = cheapest.quote, cheapest.accelerator
+    store = open_store(config.store)
     world = world_size(config)
     total = config.train.total_steps(prep.examples["train"], world)
-    saved = checkpoints.committed(open_store(config.store), config.run_name)
+    saved = checkpoints.committed(store, config.run_name)
     done = min(total, saved[-1].step) if saved else 0
     per_example_s = smoke.cpu_step_time_s / smoke.examples_per_step
-    return estimate_run(total - done, per_example_s, config.train.examples_per_step(world), quote.usd_per_hour,
-                        c.num_nodes, accelerator, c.launcher, quote.source, total_steps=total)
+    examples_per_step = config.train.examples_per_step(world)
+    if c.launcher == "local":
+        quote, accelerator, speeds, why = quote_emulated(c.emulate, c.use_spot), None, None, ""
+    else:
+        from thrifty.launchers.skypilot import candidates, ranked_candidates
+
+        names = [k.accelerator for k in candidates(config)[0]]
+        speeds = speeds_for(names, measured_speeds(store, speed_key(config)), 1.0 / per_example_s) if names else None
+        ranking = ranked_candidates(config, speeds=speeds, examples=(total - done) * examples_per_step)
+        winner = ranking.winner.candidate
+        quote, accelerator, why = winner.quote, winner.accelerator, ranking.why()
+    estimate = estimate_run(total - done, per_example_s, examples_per_step, quote.usd_per_hour, c.num_nodes,
+                            accelerator, c.launcher, quote.source, total_steps=total, speeds=speeds, choice=why)
+    if c.launcher == "local" and c.deadline_h is not None and estimate.hours > c.deadline_h:  # this CPU or nothing
+        raise ConfigError(f"'compute.deadline_h': the run needs ~{estimate.hours:.2f} h on this machine "
+                          f"({estimate.assumption}), over compute.deadline_h {c.deadline_h:g} h. Raise compute.deadline_h, "
+                          "train fewer steps (train.max_epochs / train.max_steps), or use compute.launcher=skypilot "
+                          "with a faster accelerator; nothing was launched.")
+    return estimate
 
 
 @task(name="budget-gate", retries=0)
 @fails_quietly
 def budget_gate(config: RunConfig, prep: PrepResult, smoke: SmokeResult, poll_s: float = 1.0) -> Estimate:
-    """Estimate from the smoke test's measured speed and the price table; refuse (OverBudgetPlan) what the budget,
+    """Estimate on the candidate where the run costs least (measured or smoke-test speeds, the price table); refuse (OverBudgetPlan) what the budget,
     less what the run already spent and the reserve the cap holds back, cannot carry."""
     estimate = estimate_for(config, prep, smoke)
     spent = spend_usd(read_attempts(open_store(config.store), config.run_name))
     reserve = stop_reserve_s(config, poll_s)
     logger = get_run_logger()
+    if estimate.choice:
+        logger.info("hardware by the run's cost: %s", estimate.choice)
     logger.info("estimated cost $%.5f for %d steps (%.4f h at $%.3f/h): %s; %g s of burn held back to stop in; "
                 "$%.5f spent by earlier jobs of this run", estimate.usd, estimate.steps, estimate.hours,
                 estimate.usd_per_hour, estimate.assumption, reserve, spent)

@@ -168,7 +168,7 @@ def launch_and_watch(config: RunConfig, estimate: Estimate | None = None, poll_s
         earlier = [a for a in read_attempts(store, run_id) if a.job_id != job_id]  # the budget is per run
         since = time.time()
         if job_id is None:
-            job_id = launcher.submit(config, env={ENV_LEASE_TOKEN: held.token})
+            job_id = launcher.submit(config, env={ENV_LEASE_TOKEN: held.token}, estimate=estimate)
             logger.info("submitted job %s (%s launcher)", job_id, config.compute.launcher)
         else:
             logger.warning("re-attached to job %s of run %s, which an earlier flow run started and no one was "

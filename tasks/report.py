@@ -70,6 +70,7 @@ def render_summary(run_id: str, prep: PrepResult, smoke: SmokeResult, estimate: 
         f"| smoke test | passed: {smoke.steps} steps on CPU, {smoke.precision_checked} autocast, "
         f"{smoke.cpu_step_time_s} s/step |",
         f"| estimate before launch | ${estimate.usd:.5f} ({estimate.assumption}) |",
+        *([f"| hardware | {estimate.choice} |"] if estimate.choice else []),
         f"| job | `{job.job_id}` {job.state}: {job.message} |",
         f"| attempts | {len(job.attempts)} ({job.preemptions} preemption(s) survived) |",
         f"| steps | {summary.steps if summary else None} of {summary.total_steps if summary else None} "

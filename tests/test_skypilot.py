@@ -354,6 +354,24 @@ def test_submit_launches_a_real_task_with_an_absolute_workdir(fake, tmp_path):
     assert fake.queries[-1]["job_ids"] == [7] and "recovery_count" in fake.queries[-1]["fields"]
 
 
+def test_submit_orders_the_task_by_the_gates_estimate_cheapest_run_first(fake):
+    """The budget gate's speeds reach the launched task: a long run tries the H100 (dearer per hour) first."""
+    from thrifty.estimate import estimate_run
+    from thrifty.throughput import Measured, speeds_for
+
+    cfg = cloud_cfg(workdir=str(REPO), clouds=["aws", "azure"], accelerators=["A10G:1", "H100:1"])
+    measured = {n: Measured(accelerator=n, examples_per_s_per_gpu=v, windows=3, runs=["r"])
+                for n, v in (("A10G", 1000.0), ("H100", 12000.0))}
+    speeds = speeds_for(["A10G", "H100"], measured)
+    launcher = sp.SkyPilotLauncher(cfg)
+    for steps, first in ((1_000_000, "H100"), (100, "A10G")):  # 64M examples: hours; 6400: the start-up decides
+        estimate = estimate_run(steps, 1.0, cfg.train.examples_per_step(1), 2.79, 1, "H100:1", "skypilot", speeds=speeds)
+        launcher.submit(cfg, estimate=estimate)
+        task, _ = fake.launched[-1]
+        assert [next(iter(r.accelerators)) for r in task.resources] == ([first] + [n for n in ("A10G", "H100") if n != first])
+        fake.next_id += 1
+
+
 def test_status_follows_a_preemption_into_ledger_rows(fake, tmp_path):
     cfg = cloud_cfg(workdir=str(REPO), store=str(tmp_path / "store"))
     clock = {"now": T0}

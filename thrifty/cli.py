@@ -108,7 +108,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Print the SkyPilot task YAML and the estimated cost of its cheapest candidates (offline)."""
     from thrifty.launchers.skypilot import plan_text
 
-    print(plan_text(config_for_today(args), source=args.source), end="")
+    cfg = config_for_today(args)
+    measured, notes = {}, []
+    if args.speeds == "store":  # best effort: a store this machine cannot read leaves the table's speeds
+        from thrifty.storage import open_store
+        from thrifty.throughput import measured_speeds, speed_key
+
+        try:
+            measured = measured_speeds(open_store(cfg.store), speed_key(cfg))
+        except Exception as exc:  # noqa: BLE001 - credentials, network, a missing bucket: all mean "not measured"
+            notes.append(f"measured speeds not read from {cfg.store} ({type(exc).__name__}: {exc}); "
+                         "the throughput table's are used (--speeds table skips the store)")
+    print(plan_text(cfg, source=args.source, measured=measured, notes=notes), end="")
     return EXIT_OK
 
 
@@ -272,10 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "config":
             p.add_argument("--schema", action="store_true", help="print the JSON schema instead")
 
-    p = sub.add_parser("plan", help="print the SkyPilot task YAML and the estimated cost of its cheapest candidates (offline)")
+    p = sub.add_parser("plan", help="print the SkyPilot task YAML and its candidates ranked by the run's estimated cost (offline)")
     add_config_args(p)
     p.add_argument("--source", choices=["auto", "offline", "skypilot"], default="auto",
                    help="prices: SkyPilot's catalog when on this machine (auto), the shipped table, or the catalog only")
+    p.add_argument("--speeds", choices=["store", "table"], default="store",
+                   help="speeds: measured in the store's runs of this model first (store), or the throughput table only")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("simulate", help="replay spot preemptions against the planned run: expected wall time, dollars "

@@ -12,11 +12,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from thrifty.budget import accelerator_count
+from thrifty.throughput import Speeds, speeds_for
 
-# Assumed throughput of one accelerator relative to this project's CPU smoke test (same code,
-# same batch). Rough public-benchmark ratios for small transformer/MLP training; they only
-# set the pre-launch estimate, and the report states that they were assumed.
-GPU_SPEEDUP_VS_CPU = {"T4": 8.0, "L4": 14.0, "A10G": 16.0, "A10": 16.0, "V100": 20.0, "A100": 45.0, "H100": 80.0}
 FP32_SLOWDOWN_ON_GPU = 2.0  # assumed: fp32 takes this much longer than bf16/fp16 autocast on a GPU
 PROVISIONING_S = {"local": 5.0, "skypilot": 300.0}  # assumed start-up time billed before training
 AUTO_FIRST_CHECKPOINT_STEPS = 10  # checkpoint_every: auto saves first after this many steps (to time a save)
@@ -40,28 +37,31 @@ class Estimate(BaseModel):
     step_s: float = 0.0  # estimated seconds per optimizer step on the target
     startup_s: float = 0.0  # billed before the first step
     total_steps: int = 0  # the whole run's steps (steps + those already checkpointed)
+    accelerator: str | None = None  # NAME:COUNT priced; None: this machine's CPU (the local launcher)
+    speeds: Speeds | None = None  # every candidate accelerator's speed for this model (ranks the SkyPilot task)
+    choice: str = ""  # why this hardware: the candidate the run costs least on, against the cheapest per hour
 
 
 def estimate_run(steps: int, cpu_seconds_per_example: float, examples_per_step: int, usd_per_hour: float,
                  nodes: int, accelerator: str | None, launcher: str, price_source: str = "",
-                 total_steps: int | None = None) -> Estimate:
-    """Cost of ``steps`` from the smoke test's CPU speed scaled to the target accelerator (stated)."""
+                 total_steps: int | None = None, speeds: Speeds | None = None, choice: str = "") -> Estimate:
+    """Cost of ``steps`` on ``accelerator``: at its speed in ``speeds`` (measured, or scaled from the smoke test's
+    CPU speed by the throughput table: ``thrifty.throughput``), or on this CPU at the smoke test's speed (stated)."""
     if accelerator is None:  # the local launcher trains on this CPU: no scaling
-        speedup, how = 1.0, "the run trains on this machine's CPU at the smoke test's measured speed"
+        step_s = examples_per_step * cpu_seconds_per_example
+        how = "the run trains on this machine's CPU at the smoke test's measured speed"
     else:
         name, count = accelerator.partition(":")[0], accelerator_count(accelerator)
-        per_gpu = GPU_SPEEDUP_VS_CPU.get(name)
-        if per_gpu is None:
-            raise OverBudgetPlan(f"no throughput assumption for accelerator {name!r}; known: "
-                                 f"{', '.join(GPU_SPEEDUP_VS_CPU)}")
-        speedup = per_gpu * count * nodes
-        how = f"the smoke test's CPU step time scaled by an assumed {per_gpu:g}x per {name} x {count * nodes} GPU(s)"
-    step_s = examples_per_step * cpu_seconds_per_example / speedup
+        if speeds is None or name not in speeds.per_gpu:
+            speeds = speeds_for([name], {}, 1.0 / cpu_seconds_per_example)  # ConfigError for an unknown GPU
+        step_s = examples_per_step / (speeds.of(name) * count * nodes)
+        how = f"{speeds.explain(name)}, x {count * nodes} GPU(s)"
     startup_s = PROVISIONING_S[launcher]
     hours = (steps * step_s + startup_s) / 3600.0
     return Estimate(usd=hours * usd_per_hour * nodes, hours=hours, steps=steps, usd_per_hour=usd_per_hour * nodes,
                     assumption=f"{how}, plus {startup_s:g} s of start-up", price_source=price_source,
-                    step_s=step_s, startup_s=startup_s, total_steps=steps if total_steps is None else total_steps)
+                    step_s=step_s, startup_s=startup_s, total_steps=steps if total_steps is None else total_steps,
+                    accelerator=accelerator, speeds=speeds, choice=choice)
 
 
 def first_checkpoint_steps(checkpoint_every: int | str, steps_left: int) -> int:

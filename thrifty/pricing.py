@@ -120,6 +120,25 @@ def find_instance(cloud: str, instance: str) -> InstancePrice:
     raise PricingError(f"no price for {cloud}:{instance}. Known {cloud} instances: {known}.")
 
 
+def accelerator_of(cloud: str, instance: str) -> str | None:
+    """The accelerator (NAME:COUNT) an instance carries: the offline table, then SkyPilot's catalog when on this
+    machine; None when neither knows it (a CPU instance, or one priced nowhere here)."""
+    if cloud not in CLOUDS:
+        return None
+    for row in INSTANCES:
+        if row.cloud == cloud and row.instance.lower() == instance.lower():
+            return row.accelerator
+    path = sky_catalog_file(cloud)
+    if path is not None:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                if (r.get("InstanceType") or "").lower() == instance.lower() and r.get("AcceleratorName"):
+                    return f"{r['AcceleratorName']}:{int(_float(r.get('AcceleratorCount')) or 1)}"
+    if "+" in instance:  # GCP's n1 host with a GPU attached, as ``catalog_offers`` labels it
+        return f"{instance.rsplit('+', 1)[1]}:1"
+    return None
+
+
 def offline_offers(cloud: str, accelerator: str) -> list[InstancePrice]:
     """Offline rows of ``cloud`` carrying exactly ``accelerator`` (NAME:COUNT), cheapest first."""
     _check_cloud(cloud)

@@ -29,6 +29,7 @@ from thrifty.preemption import MtbpChoice, node_mtbp
 from thrifty.protocol import ENV_LEASE_TOKEN
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
+from thrifty.throughput import speed_key
 from training.checkpoint import CheckpointManager
 from training.data import epoch_permutation, open_cache
 from training.progress import CheckpointSchedule, MetricsWriter
@@ -228,7 +229,9 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     stop = StopSignal().install()
     emit({"event": "start", "step": state.step, "total_steps": total_steps, "resumes": state.resumes,
           "precision": precision_name(amp), "device": str(device), "world_size": dist.world,
-          "cache_key": cache.key, "cache_hit": cache.hit}
+          "cache_key": cache.key, "cache_hit": cache.hit,
+          # what lets `thrifty plan` and the budget gate reuse this attempt's speed (thrifty.throughput)
+          "speed_key": speed_key(cfg), "train_examples": train_split.n}
          | ({"mtbp_s": round(mtbp.mtbp_s, 1), "mtbp_source": mtbp.source, "mtbp_detail": mtbp.detail}
             if schedule.auto else {}))
     if schedule.auto and dist.is_main:

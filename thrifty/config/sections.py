@@ -115,6 +115,11 @@ class ComputeConfig(_Frozen):
     max_hourly_cost: float | None = Field(
         None, gt=0.0, description="SkyPilot: only instances at or below this price per node (spot price for spot) (USD/hour)."
     )
+    deadline_h: float | None = Field(
+        None, gt=0.0,
+        description="Optional: the run must finish within this many hours of launch, start-up included (hours). "
+        "Candidates whose estimated runtime exceeds it are left out; with none left the run is refused.",
+    )
     job_recovery_strategy: Literal["EAGER_NEXT_REGION", "FAILOVER"] = Field(
         "EAGER_NEXT_REGION", description="SkyPilot: after a preemption, try another region at once, or retry the same region first."
     )

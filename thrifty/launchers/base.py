@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from thrifty.config import ENV_VAR, RunConfig
 from thrifty.meter import Price, prices_env
 from thrifty.protocol import ENV_PRICES
 from thrifty.ledger import Attempt
+
+if TYPE_CHECKING:
+    from thrifty.estimate import Estimate
 
 
 class LaunchError(RuntimeError):
@@ -45,8 +48,9 @@ class JobStatus:
 
 
 class Launcher(Protocol):
-    def submit(self, cfg: RunConfig, env: dict[str, str] | None = None) -> str:
-        """Start a job for ``cfg``; ``env`` adds to the node's environment (e.g. the run's lease token)."""
+    def submit(self, cfg: RunConfig, env: dict[str, str] | None = None, estimate: "Estimate | None" = None) -> str:
+        """Start a job for ``cfg``; ``env`` adds to the node's environment (e.g. the run's lease token); ``estimate``
+        (the budget gate's) carries the speeds that rank where the run costs least."""
         ...
     def status(self, job_id: str) -> JobStatus: ...
     def cancel(self, job_id: str, deadline_s: float | None = None) -> None:

@@ -200,7 +200,8 @@ class LocalLauncher:
     def __init__(self, cfg: RunConfig | None = None) -> None:
         self._jobs: dict[str, _Job] = {}
 
-    def submit(self, cfg: RunConfig, env: dict[str, str] | None = None) -> str:
+    def submit(self, cfg: RunConfig, env: dict[str, str] | None = None, estimate: object = None) -> str:
+        # ``estimate`` ranks cloud candidates; here there is one machine, this one
         quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)  # an unknown instance fails here, not mid-job
         job_id = f"local-{cfg.run_name}-{uuid.uuid4().hex[:8]}"
         # attempt logs beside the run in a local store (runs/<id>/logs/<job>/), else in the temp directory

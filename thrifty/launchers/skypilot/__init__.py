@@ -3,7 +3,8 @@
 Only ``submit``, ``status`` and ``cancel`` reach SkyPilot's API server (``sky.jobs.launch``,
 ``sky.jobs.queue_v2``, ``sky.jobs.cancel``, ``sky.get``); building the task and ``plan`` are offline.
 
-Files: ``task`` (candidates, task YAML, plan), ``queue`` (queue records -> JobState and Attempts),
+Files: ``candidates`` (what may be rented, priced), ``ranking`` (by the run's cost on each, the deadline),
+``task`` (task YAML), ``plan`` (``thrifty plan``), ``queue`` (queue records -> JobState and Attempts),
 ``launcher`` (SkyPilotLauncher), ``preflight`` (offline checks before a launch).
 """
 
@@ -15,14 +16,17 @@ from thrifty.launchers.skypilot.queue import (
     END_REASON, QUEUE_FIELDS, STATE_MAP, PriceFn, parse_cluster_resources, record_state, skypilot_task_id,
     update_attempts,
 )
+from thrifty.launchers.skypilot.candidates import Candidate, candidates
+from thrifty.launchers.skypilot.plan import plan_ranking, plan_text
+from thrifty.launchers.skypilot.ranking import Costed, Ranking, rank
 from thrifty.launchers.skypilot.task import (
-    MASTER_PORT, RUN_MULTI, RUN_SINGLE, SETUP, STORE_MOUNT, VENV, Candidate, build_task, candidates, job_name,
-    plan_text, store_mount_source, task_config, task_yaml,
+    MASTER_PORT, RUN_MULTI, RUN_SINGLE, SETUP, STORE_MOUNT, VENV, build_task, job_name, ranked_candidates,
+    store_mount_source, task_config, task_yaml,
 )
 
 __all__ = [
     "CREDENTIAL_HINTS", "END_REASON", "JOB_PREFIX", "MASTER_PORT", "QUEUE_FIELDS", "RUN_MULTI", "RUN_SINGLE", "SETUP",
-    "STATE_MAP", "STORE_MOUNT", "VENV", "Candidate", "PriceFn", "SkyPilotLauncher", "build_task", "candidates",
-    "has_credentials", "job_name", "parse_cluster_resources", "plan_text", "preflight", "record_state",
+    "STATE_MAP", "STORE_MOUNT", "VENV", "Candidate", "Costed", "Ranking", "PriceFn", "SkyPilotLauncher", "build_task", "candidates",
+    "has_credentials", "job_name", "parse_cluster_resources", "plan_ranking", "plan_text", "rank", "ranked_candidates", "preflight", "record_state",
     "remote_api_server", "skypilot_task_id", "store_mount_source", "task_config", "task_yaml", "update_attempts",
 ]

@@ -9,11 +9,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from thrifty.budget import TEARDOWN_S
+from thrifty.budget import TEARDOWN_S, world_size
 from thrifty.config import ConfigError, RunConfig
+from thrifty.estimate import Estimate
 from thrifty.launchers.base import JobStatus, LaunchError
 from thrifty.launchers.skypilot.queue import QUEUE_FIELDS, _value, record_state, skypilot_task_id, update_attempts
-from thrifty.launchers.skypilot.task import build_task, candidates, task_config
+from thrifty.launchers.skypilot.candidates import candidates
+from thrifty.launchers.skypilot.task import build_task, ranked_candidates, task_config
 from thrifty.pricing import PricingError, quote_accelerator
 from thrifty.ledger import Attempt
 from thrifty.protocol import SKYPILOT_JOB_PREFIX, STOP_KEY, STOPPED_KEY
@@ -39,11 +41,15 @@ class SkyPilotLauncher:
         self._nodes: dict[str, int] = {}
 
     # ------------------------------------------------------------ submit
-    def submit(self, cfg: RunConfig, env: dict[str, str] | None = None) -> str:
+    def submit(self, cfg: RunConfig, env: dict[str, str] | None = None, estimate: Estimate | None = None) -> str:
         import sky
 
         self.cfg = cfg
-        config = task_config(cfg)
+        ranking = None
+        if estimate is not None and estimate.speeds is not None:  # the gate's speeds: cheapest run first
+            examples = estimate.steps * cfg.train.examples_per_step(world_size(cfg))
+            ranking = ranked_candidates(cfg, speeds=estimate.speeds, examples=examples)
+        config = task_config(cfg, ranking=ranking)
         config["envs"].update(env or {})
         workdir = Path(cfg.compute.workdir).resolve()
         if not (workdir / "pyproject.toml").is_file():

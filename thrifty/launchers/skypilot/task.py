@@ -3,9 +3,11 @@
 The task: ``setup`` installs the project (synced as the workdir) on each node; ``run`` starts the
 training program under the spot-notice watcher (``thrifty.launchers.notice``), through torchrun
 across nodes with SkyPilot's node variables; ``envs`` carry the RunConfig (``node_env``).
-Resources are ``any_of`` candidates, one per (cloud[/region], accelerator[, spot|on-demand]) that
-the price source knows, sharing one ``job_recovery`` (identical on every candidate, as SkyPilot
-requires) whose ``recover_on_exit_codes`` holds the watcher's "stopped on a notice" code.
+Resources are ``ordered`` candidates, one per (cloud[/region], accelerator[, spot|on-demand]) that
+the price source knows and the deadline allows, cheapest run first (``ranking``: rate x estimated
+runtime, not $/hour; ``any_of`` would let SkyPilot pick the cheapest per hour), sharing one
+``job_recovery`` (identical on every candidate, as SkyPilot requires) whose
+``recover_on_exit_codes`` holds the watcher's "stopped on a notice" code.
 
 The store key is the run name (``THRIFTY_RUN_ID``), not ``SKYPILOT_TASK_ID``: a run stopped at its
 budget and resumed later under a new managed job continues from its checkpoints. The task id
@@ -17,71 +19,39 @@ from __future__ import annotations
 import copy
 import os
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from thrifty.config import ConfigError, RunConfig
 from thrifty.launchers.base import node_env
+from thrifty.launchers.skypilot.candidates import Candidate, candidates
+from thrifty.launchers.skypilot.ranking import Ranking, rank
 from thrifty.meter import Price
-from thrifty.pricing import PricingError, Quote, parse_accelerator, quote_accelerator
 from thrifty.protocol import EXIT_RESUMABLE
+from thrifty.throughput import Speeds, speeds_for
 
 STORE_MOUNT = "/thrifty-store"  # where a MOUNT_CACHED store appears on the node
 VENV = "~/.thrifty/venv"
 MASTER_PORT = 29500
 
 
-# ---------------------------------------------------------------- candidates and the task
+# ---------------------------------------------------------------- the task
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One ``any_of`` entry with the price the plan expects for it."""
-
-    cloud: str
-    region: str | None
-    accelerator: str
-    spot: bool
-    quote: Quote
-    nodes: int
-    within_cap: bool  # price at or below compute.max_hourly_cost (SkyPilot would skip it otherwise)
-
-    @property
-    def infra(self) -> str:
-        return f"{self.cloud}/{self.region}" if self.region else self.cloud
-
-    @property
-    def usd_per_hour(self) -> float:
-        """The whole job: every node."""
-        return self.quote.usd_per_hour * self.nodes
-
-
-def candidates(cfg: RunConfig, source: str = "auto") -> tuple[list[Candidate], list[str]]:
-    """Priced candidates, cheapest first, and notes on the combinations left out (not offered or unpriced)."""
-    c = cfg.compute
-    markets = [True, False] if c.use_spot and c.on_demand_fallback else [c.use_spot]
-    out, notes = [], []
-    for cloud in c.clouds:
-        regions = [r.split("/", 1)[1] for r in c.regions if r.startswith(cloud + "/")] or [None]
-        for acc in c.accelerators:
-            name, count = parse_accelerator(acc)
-            acc = f"{name}:{count}"
-            missing = []
-            for spot in markets:
-                try:
-                    q = quote_accelerator(cloud, acc, spot, source)  # type: ignore[arg-type]
-                except PricingError:
-                    missing.append("spot" if spot else "on-demand")
-                    continue
-                for region in regions:
-                    within = c.max_hourly_cost is None or q.usd_per_hour <= c.max_hourly_cost
-                    out.append(Candidate(cloud, region, acc, spot, q, c.num_nodes, within))
-            if missing:
-                notes.append(f"{cloud} {acc} ({', '.join(missing)}): no price known, probably not offered there; left out")
-    out.sort(key=lambda k: (not k.within_cap, k.usd_per_hour))
-    return out, notes
+def ranked_candidates(cfg: RunConfig, source: str = "auto", speeds: Speeds | None = None,
+                      examples: float | None = None) -> Ranking:
+    """The priced candidates ranked by the run's cost on each (``ranking``). Without ``speeds`` the throughput
+    table's ratios alone rank them (per unit of work); with ``examples`` left to train and absolute speeds, by the
+    estimated cost of the run, and ``compute.deadline_h`` applies."""
+    cands, _ = candidates(cfg, source)
+    if not cands:
+        c = cfg.compute
+        raise ConfigError(f"'compute.accelerators': none of {c.accelerators} has a known price on {c.clouds}; "
+                          "run `thrifty prices` to see what is offered where")
+    if speeds is None or any(k.accelerator.partition(":")[0] not in speeds.per_gpu for k in cands):
+        speeds = speeds_for([k.accelerator for k in cands], {})
+    return rank(cfg, cands, speeds, examples)
 
 
 def job_name(cfg: RunConfig) -> str:
@@ -142,13 +112,13 @@ exec python -m thrifty.launchers.notice --signal-children -- \\
 """
 
 
-def task_config(cfg: RunConfig, source: str = "auto") -> dict[str, Any]:
-    """The SkyPilot task YAML (as a dict) for ``cfg``; what ``thrifty plan`` prints and ``submit`` launches."""
+def task_config(cfg: RunConfig, source: str = "auto", ranking: Ranking | None = None) -> dict[str, Any]:
+    """The SkyPilot task YAML (as a dict) for ``cfg``; what ``thrifty plan`` prints and ``submit`` launches.
+    ``ranking`` (the budget gate's, from measured or estimated speeds) orders the candidates; without it the
+    throughput table's ratios do."""
     c = cfg.compute
-    cands, _ = candidates(cfg, source)
-    if not cands:
-        raise ConfigError(f"'compute.accelerators': none of {c.accelerators} has a known price on {c.clouds}; "
-                          "run `thrifty prices` to see what is offered where")
+    ranking = ranking or ranked_candidates(cfg, source)
+    cands: list[Candidate] = [x.candidate for x in ranking.ranked]
     node_cfg = cfg
     file_mounts: dict[str, Any] = {}
     if c.store_access == "mount_cached":
@@ -168,14 +138,15 @@ def task_config(cfg: RunConfig, source: str = "auto") -> dict[str, Any]:
         "max_restarts_on_errors": c.max_restarts,
         "recover_on_exit_codes": [EXIT_RESUMABLE],
     }
-    any_of = []
-    for k in sorted(cands, key=lambda k: (not k.spot, c.clouds.index(k.cloud), k.region or "",
-                                          [parse_accelerator(a)[0] for a in c.accelerators].index(k.accelerator.split(":")[0]))):
+    # ordered, not any_of: SkyPilot takes the first that has capacity, so the cheapest run goes first even when
+    # another candidate is cheaper per hour.
+    ordered = []
+    for k in cands:
         entry: dict[str, Any] = {"infra": k.infra, "accelerators": k.accelerator}
         if mixed:
             entry["use_spot"] = k.spot
-        any_of.append(entry)
-    resources["any_of"] = any_of
+        ordered.append(entry)
+    resources["ordered"] = ordered
     config: dict[str, Any] = {
         "name": job_name(cfg),
         "workdir": c.workdir,
@@ -223,34 +194,3 @@ def build_task(config: dict[str, Any]):
         return sky.Task.from_yaml_config(copy.deepcopy(config))  # SkyPilot pops keys from what it is given
     except Exception as exc:  # SkyPilot raises ValueError / jsonschema errors with a readable message
         raise ConfigError(f"SkyPilot rejected the task built from this config: {exc}") from exc
-
-
-# ---------------------------------------------------------------- plan (offline)
-
-
-def plan_text(cfg: RunConfig, source: str = "auto", show: int = 8) -> str:
-    """``thrifty plan``: the task YAML, then the cheapest candidates with their estimated cost."""
-    config = task_config(cfg, source=source)
-    build_task(config)  # the YAML printed is one SkyPilot accepts
-    cands, notes = candidates(cfg, source)
-    lines = [task_yaml(config).rstrip(), "", f"# Estimated cost, cheapest first ({cfg.compute.num_nodes} node(s); "
-             f"budget.max_usd ${cfg.budget.max_usd:g}):"]
-    header = f"#   {'infra':<18} {'accelerator':<10} {'market':<9} {'instance':<26} {'$/h node':>9} {'$/h job':>9} {'budget lasts':>12}"
-    lines.append(header)
-    for k in cands[:show]:
-        hours = cfg.budget.max_usd / k.usd_per_hour
-        flag = "" if k.within_cap else "  (over max_hourly_cost: SkyPilot skips it)"
-        lines.append(f"#   {k.infra:<18} {k.accelerator:<10} {'spot' if k.spot else 'on-demand':<9} {k.quote.instance:<26} "
-                     f"{k.quote.usd_per_hour:>9.3f} {k.usd_per_hour:>9.3f} {hours:>10.1f} h{flag}")
-    if len(cands) > show:
-        lines.append(f"#   ... {len(cands) - show} more")
-    lines.append("# Price sources:")
-    for src in sorted({k.quote.source for k in cands}):
-        lines.append(f"#   {src}")
-    for note in notes:
-        lines.append(f"# Note: {note}")
-    lines.append("# SkyPilot picks the cheapest feasible candidate at launch from its own catalog; these are estimates.")
-    if cfg.compute.launcher != "skypilot":
-        lines.append(f"# Note: compute.launcher is {cfg.compute.launcher}; set compute.launcher=skypilot to launch this task.")
-    return "\n".join(lines) + "\n"
-
