@@ -139,7 +139,7 @@ def report(config: RunConfig, prep: PrepResult, smoke: SmokeResult, estimate: Es
                 + "## Loss and spend\n\n" + curve)
     create_markdown_artifact(markdown, key=artifact_key(run_id, "summary"), description=f"Thrifty run {run_id}")
     create_table_artifact(attempt_rows(attempts), key=artifact_key(run_id, "attempts"),
-                          description=f"Attempts of run {run_id} (every job; job ids in the summary and ledger)")
+                          description=f"Attempts of run {run_id}: every job's, resumes included")
     create_table_artifact(savings_rows(savings.read_all(store)), key=SAVINGS_TABLE_KEY,
                           description=f"Savings of every Thrifty run in {store.uri}")
     return figures

@@ -90,6 +90,7 @@ class Server:
     def __init__(self, home: Path, ui: bool = False):
         self.home = home
         self.deploy_output: subprocess.CompletedProcess | None = None
+        self.worker: subprocess.Popen | None = None
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.api_url = f"{self.url}/api"
