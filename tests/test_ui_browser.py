@@ -291,3 +291,27 @@ def test_deploy_says_the_missing_alert_block_as_a_next_step(ui):
     assert "notification block custom-webhook/thrifty-alerts saved" in again.stderr
     assert "automations installed: thrifty-budget-backstop, thrifty-run-failed" in again.stderr
     assert "NOT installed" not in again.stderr
+
+
+def test_input_errors_say_the_fix_once_without_tracebacks(ui, page, shots, tmp_path):
+    """A recipe-option typo (refused by the flow) and parameters the flow's model refuses (the server's schema lets
+    them through): each run ends failed with its fix in the message and no traceback in its logs."""
+    store = str(tmp_path / "store")
+    cases = {"typo": ({"run_name": "typo", "store": store, "recipe_params": {"hiden": 256}}, "Known options"),
+             "bad-thresholds": ({"run_name": "bad-thresholds", "store": store,
+                                 "budget": {"thresholds": [0.8, 0.5]}}, "strictly increasing"),
+             "bad name": ({"run_name": "bad name!", "store": store}, "must be 1-63 letters")}
+    with ui.client() as client:
+        dep = client.read_deployment_by_name("thrifty-train/train")
+        started = {case: client.create_flow_run_from_deployment(dep.id, parameters={"config": config})
+                   for case, (config, _) in cases.items()}
+    for case, flow_run in started.items():
+        done = wait_final(ui, str(flow_run.id), ui.worker)
+        assert done.state.is_failed() and cases[case][1] in done.state.message, (case, done.state.message)
+        logs = run_logs(ui, str(flow_run.id))
+        assert "Traceback" not in logs, f"{case}:\n{logs}"
+        assert "starting: budget" not in logs or case == "typo", "no projection for parameters the flow refused"
+    page.goto(f"/runs/flow-run/{started['typo'].id}")
+    page.get_by_text("Known options").first.wait_for()
+    assert "Traceback" not in page.locator("body").inner_text()
+    snap(page, shots, "11-typo-run", full=False)
