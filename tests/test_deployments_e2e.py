@@ -88,6 +88,16 @@ def test_deploy_without_a_server_says_how_to_start_one(tmp_path):
     assert "prefect server start" in proc.stderr and "PREFECT_API_URL" in proc.stderr
 
 
+def test_alerts_webhook_must_be_a_url_for_a_custom_webhook_block():
+    from deployments.deploy import DeployError, create_webhook_block
+
+    with pytest.raises(DeployError, match="not an http\\(s\\) URL") as bad_url:
+        create_webhook_block("hooks.example/abc", None)
+    with pytest.raises(DeployError, match="custom-webhook/NAME") as bad_block:
+        create_webhook_block("https://hooks.example/abc", "slack-webhook/ops")
+    assert bad_url.value.exit_code == bad_block.value.exit_code == 2
+
+
 # ---------------------------------------------------------------- slow: a real server, deploy, worker, run
 
 
