@@ -1,4 +1,5 @@
-"""How Thrifty's flow runs read in the Prefect UI: their names, and the tag that ties one Thrifty run's flow runs together.
+"""How Thrifty's flow runs read in the Prefect UI: their names, and the tag that ties one Thrifty run's flow runs
+together.
 
 Prefect formats a string ``flow_run_name`` with the raw parameters, so a nightly run would be named literally
 ``nightly-{date}``; these callables name the run as the flow resolves it. Each train flow run is tagged

@@ -142,10 +142,11 @@ class AttemptLog:
                                     "again", rec["step"], rec.get("total_steps"), rec.get("resumes", 0))
 
 
-def progress_note(step: Any, total: Any, spend_usd: float, max_usd: float) -> str:
-    """The progress artifact's description: steps and money, so spend against budget shows while the run runs."""
-    where = f"step {step} of {total}" if step is not None else "starting"
-    return f"{where}; spent ${spend_usd:.4f} of the ${max_usd:g} budget ({spend_usd / max_usd:.0%})"
+def progress_notes(where: str, spend_usd: float, max_usd: float) -> tuple[str, str]:
+    """The two progress artifacts' descriptions (steps first, money first), short enough for the UI's cards: spend
+    against the budget shows while the run runs, not only steps."""
+    money = f"${spend_usd:.4f} of ${max_usd:g} budget ({spend_usd / max_usd:.0%})"
+    return f"{where} · {money}", f"{money} · {where}"
 
 
 def _wait_terminal(launcher: Launcher, job_id: str, within_s: float) -> JobStatus:
@@ -223,9 +224,9 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
           earlier: list[Attempt], since: float, poll_s: float, reattached: bool, logger: Any) -> JobOutcome:
     """Poll the job to its end. The job's status comes first: a job that has ended is never called over budget."""
     run_id = config.run_name
-    progress_id = create_progress_artifact(0.0, description=f"training progress of run {run_id}: starting")
-    budget_id = create_progress_artifact(0.0, description=f"budget used by run {run_id}: $0 of "
-                                                          f"${config.budget.max_usd:g}")
+    steps_note, money_note = progress_notes("starting", 0.0, config.budget.max_usd)
+    progress_id = create_progress_artifact(0.0, description=steps_note)
+    budget_id = create_progress_artifact(0.0, description=money_note)
     said = AttemptLog(logger)
     shown_progress: tuple | None = None
     recorded: list[Attempt] | None = None
@@ -259,11 +260,11 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
             money = (step, round(snap.spend_usd, 4))
             if money != shown_progress:  # spend moves while steps do not (a restart): the UI shows both
                 shown_progress = money
-                note = progress_note(step, total, snap.spend_usd, config.budget.max_usd)
+                where = f"step {step} of {total}" if step is not None else "starting"
+                steps_note, money_note = progress_notes(where, snap.spend_usd, config.budget.max_usd)
                 update_progress_artifact(progress_id, 100.0 * step / total if step is not None and total else 0.0,
-                                         description=f"training progress of run {run_id}: {note}")
-                update_progress_artifact(budget_id, min(100.0, 100.0 * snap.fraction),
-                                         description=f"budget used by run {run_id}: {note}")
+                                         description=steps_note)
+                update_progress_artifact(budget_id, min(100.0, 100.0 * snap.fraction), description=money_note)
             if exceeded or timer.fired.is_set():
                 timer.disarm()
                 if not timer.fired.is_set():
@@ -285,9 +286,7 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
     result = outcome(config, store, status, earlier, since, stopped_at_cap, reattached)
     final_spend = result.run_spend_usd
     update_progress_artifact(budget_id, min(100.0, 100.0 * final_spend / config.budget.max_usd),
-                             description=f"budget used by run {run_id}: ${final_spend:.4f} of "
-                                         f"${config.budget.max_usd:g} ({final_spend / config.budget.max_usd:.0%}), "
-                                         f"{result.end}")
+                             description=progress_notes(result.end, final_spend, config.budget.max_usd)[1])
     if result.end == "budget":
         guard.stopped(result.message, {"run_id": run_id, "job_id": job_id, "spend_usd": result.run_spend_usd,
                                        "max_usd": config.budget.max_usd, "checkpoint_step": result.checkpoint_step})

@@ -63,7 +63,8 @@ def render_summary(run_id: str, prep: PrepResult, smoke: SmokeResult, estimate: 
     jobs = len(dict.fromkeys(a.job_id for a in attempts))
     rows = [
         ("preprocessing cache", f"{'hit' if prep.hit else 'miss'} ({prep.seconds:.1f} s, key `{prep.key[:12]}`)"),
-        ("smoke test", f"passed: {smoke.steps} steps on CPU, {smoke.precision_checked}, {smoke.cpu_step_time_s:.4f} s/step"),
+        ("smoke test", f"passed: {smoke.steps} steps on CPU, {smoke.precision_checked}, "
+                       f"{smoke.cpu_step_time_s:.4f} s/step"),
         ("estimate before launch", f"${usd(estimate.usd)} (see the assumptions below)"),
         ("job", f"`{job.job_id}` {job.state.lower()}: {job.message}"),
         ("attempts", f"{len(attempts)} in {jobs} job(s), {preemptions} preemption(s) survived"

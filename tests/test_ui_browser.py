@@ -182,7 +182,8 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     with ui.client() as client:
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 
-        same = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"thrifty-run:{run_name}"])))
+        same = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(
+            all_=[f"thrifty-run:{run_name}"])))
     assert len(same) == 1, "one submit, one flow run"
     assert flow_run.parameters["config"]["budget"]["max_usd"] == 1
     assert flow_run.parameters["config"]["train"]["max_epochs"] == 2
@@ -196,6 +197,9 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
                  f"Thrifty run {run_name}: its first flow run", r"spent \$[0-9.]+ of its \$1 budget"):
         assert re.search(line, shown), f"{line!r} not in the run's logs in the UI:\n{run_logs(ui, flow_run_id)}"
     assert "Traceback" not in shown
+    page.get_by_text("Artifacts", exact=True).first.click()  # the progress cards say spend against the budget
+    page.get_by_text(re.compile(r"\$[0-9.]+ of \$1 budget \(\d+%\)")).first.wait_for()
+    snap(page, shots, "03b-flow-run-artifacts", full=False)
 
     keys = artifact_ids(ui, flow_run_id)
     summary_key, attempts_key = f"thrifty-summary-{run_name}", f"thrifty-attempts-{run_name}"
