@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -47,17 +48,9 @@ def shots(tmp_path_factory, request) -> Path:
     folder = Path(os.environ.get("THRIFTY_UI_SHOTS") or tmp_path_factory.mktemp("ui-screenshots"))
     folder.mkdir(parents=True, exist_ok=True)
     capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture else _nothing():
+    with capture.global_and_fixture_disabled() if capture else nullcontext():
         print(f"\nscreenshots of the Prefect UI: {folder}", file=sys.stderr)
     return folder
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 @pytest.fixture(scope="module")
