@@ -107,7 +107,30 @@ def run_prefect_deploy(project_dir: Path) -> None:
         raise DeployError(f"`prefect deploy --all` failed with exit code {proc.returncode}; its output is above")
 
 
-def install_automations(alerts_block: str | None) -> list[str]:
+def create_webhook_block(url: str, ref: str | None) -> str:
+    """Save a custom-webhook notification block posting alerts to ``url`` (JSON ``{"text": ...}``, which Slack,
+    Mattermost and most chat webhooks take); returns its ``type/name``."""
+    from deployments.automations import DEFAULT_ALERTS_BLOCK
+
+    ref = ref or DEFAULT_ALERTS_BLOCK
+    slug, _, name = ref.partition("/")
+    if slug != "custom-webhook" or not name:
+        raise DeployError(f"--alerts-webhook creates a custom-webhook block, but --alerts-block is {ref!r}; "
+                          "drop --alerts-block or name one like custom-webhook/NAME", EXIT_BAD_INPUT)
+    if not url.startswith(("https://", "http://")):
+        raise DeployError(f"--alerts-webhook {url!r} is not an http(s) URL; pass the webhook's full URL, e.g. "
+                          "https://hooks.slack.com/services/...", EXIT_BAD_INPUT)
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+
+    try:
+        CustomWebhookNotificationBlock(name=name, url=url, json_data={"text": "{{subject}}\n{{body}}"}).save(
+            name, overwrite=True)
+    except Exception as exc:  # noqa: BLE001 - reported as a deploy failure with the cause
+        raise DeployError(f"saving the notification block {ref} failed: {exc}") from exc
+    return ref
+
+
+def install_automations(alerts_block: str | None, skipped: list[str] | None = None) -> list[str]:
     """Budget cut-off and failure alerts from deployments/automations.yaml (replaced by name: idempotent)."""
     import asyncio
 
@@ -117,7 +140,7 @@ def install_automations(alerts_block: str | None) -> list[str]:
 
     async def go() -> list[str]:
         async with get_client() as client:
-            return await install(client, notify_block=alerts_block)
+            return await install(client, notify_block=alerts_block, skipped=skipped)
 
     try:
         return asyncio.run(go())
@@ -127,25 +150,31 @@ def install_automations(alerts_block: str | None) -> list[str]:
 
 def deploy_all(project_dir: str | Path = ".", pool: str = WORK_POOL,
                echo: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr),
-               alerts_block: str | None = None) -> int:
+               alerts_block: str | None = None, alerts_webhook: str | None = None) -> int:
     """Create the work pool if missing and deploy everything in ``project_dir``/prefect.yaml; returns an exit code."""
     project_dir = Path(project_dir).resolve()
+    skipped: list[str] = []
     try:
         url = require_api_url()
         pools = read_deployment_pools(project_dir)
         check_pools_match(pools, pool)
         created = ensure_work_pool(pool, url)
         echo(f"work pool {pool!r} ({WORK_POOL_TYPE}) {'created' if created else 'already exists'} on {url}")
+        if alerts_webhook:
+            alerts_block = create_webhook_block(alerts_webhook, alerts_block)
+            echo(f"notification block {alerts_block} saved: failure alerts post to it")
         run_prefect_deploy(project_dir)
-        installed = install_automations(alerts_block)
+        installed = install_automations(alerts_block, skipped)
         echo(f"automations installed: {', '.join(installed) or 'none'}")
     except DeployError as exc:
         echo(f"error: {exc}")
         return exc.exit_code
-    echo(f"deployed {', '.join(sorted(pools))}; serve them with `prefect worker start --pool {pool}`")
+    echo(f"deployed {', '.join(sorted(pools))}")
+    steps = [f"serve them with `prefect worker start --pool {pool}`", *skipped]
+    echo("next steps:\n" + "\n".join(f"  {i}. {step}" for i, step in enumerate(steps, 1)))
     return EXIT_OK
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     """``thrifty deploy``: create the work pool and deploy prefect.yaml's deployments to the server at PREFECT_API_URL."""
-    return deploy_all(args.project_dir, alerts_block=args.alerts_block)
+    return deploy_all(args.project_dir, alerts_block=args.alerts_block, alerts_webhook=args.alerts_webhook)

@@ -57,7 +57,13 @@ def _config(flow_run: Any) -> RunConfig | None:
 
 
 def _duration(hours: float) -> str:
-    return f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.1f} min" if hours * 60 >= 1 else f"{hours * 3600:.0f} s"
+    """A readable span that never rounds a real one to nothing ('0.0 h', '0 s')."""
+    seconds = hours * 3600
+    if hours >= 1:
+        return f"{hours:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
 
 
 def running_message(cfg: RunConfig) -> str:

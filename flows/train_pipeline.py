@@ -7,7 +7,6 @@ Every way a run can end is a state with a message and no traceback: Completed; F
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from typing import Any
 
@@ -15,13 +14,14 @@ from prefect import flow, get_run_logger
 from prefect.states import Failed, State
 
 from flows.hooks import announce_projection, post_final_cost
+from flows.run_names import say_where_it_starts, scheduled_date, tag_run, train_run_name
 from tasks.budget import budget_gate
 from tasks.errors import BAD_INPUT, USER_ERRORS, bad_input
 from tasks.launch import launch_and_watch
 from tasks.preprocess import preprocess
 from tasks.report import report
 from tasks.smoke import smoke
-from thrifty import lease
+from thrifty import checkpoints, lease
 from thrifty.budget import spend_usd
 from thrifty.config import RunConfig
 from thrifty.ledger import read_attempts
@@ -53,19 +53,19 @@ def step(task: Any, *args: Any, **kwargs: Any) -> Any:
     return outcome_of(task(*args, return_state=True, **kwargs))
 
 
-def scheduled_date() -> dt.date:
-    """The date this flow run was scheduled for (UTC); hooks resolve '{date}' from the same field."""
-    from prefect.runtime import flow_run
-
-    when = flow_run.scheduled_start_time
-    return when.date() if when else dt.datetime.now(dt.timezone.utc).date()
-
-
-@flow(name="thrifty-train", flow_run_name="{config.run_name}", log_prints=True,
+@flow(name="thrifty-train", flow_run_name=train_run_name, log_prints=True,
       on_running=[announce_projection], on_completion=[post_final_cost], on_failure=[post_final_cost],
       on_crashed=[post_final_cost], on_cancellation=[post_final_cost])
 def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0) -> PipelineResult:
-    """Train one run the cheap way. `config` is the RunConfig: the Prefect UI draws its form from it."""
+    """Train one run the cheap way: cached preprocessing, a CPU smoke test, the budget gate, a spot launch watched
+    to its end, and the report.
+
+    Args:
+        config: The RunConfig: what to train, where to keep it, what to rent and what it may cost. Its run_name
+            names the flow run (the form's top "Run Name" field is replaced by it when the run starts).
+        poll_s: Seconds between looks at the job's status, spend and progress (s). Shorter stops closer to the
+            budget cap; the gate keeps this much burn in reserve.
+    """
     try:
         return pipeline(config, poll_s)
     except StepFailed as failed:
@@ -78,9 +78,12 @@ def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0) -> Pipe
 def pipeline(config: RunConfig, poll_s: float) -> PipelineResult | State:
     logger = get_run_logger()
     config = config.resolved(scheduled_date())  # 'nightly-{date}' -> a new run each night, validated again
+    earlier = tag_run(config.run_name, logger)  # the UI's one-click filter for this run's flow runs
     check_before_spending(config)  # launcher, prices, credentials, the store: nothing written yet
     check_config(config)  # what the training program would reject, by the same code, before anything is rented
     store = open_store(config.store)
+    saved = checkpoints.committed(store, config.run_name)
+    say_where_it_starts(config.run_name, earlier, saved[-1].step if saved else None, logger)
     held = lease.read(store, config.run_name)
     if held is not None and held.live(time.time()):  # said now, not after preprocessing and a smoke test
         raise lease.LeaseHeld(config.run_name, held, time.time())

@@ -37,6 +37,24 @@ class _NoEmptyTraceback(logging.Filter):
 logging.getLogger("prefect.task_runs").addFilter(_NoEmptyTraceback())
 
 
+class _NoTracebackForAFailedState(logging.Filter):
+    """A deployed flow run that ends Failed (bad input, a stop at the cap, parameters the flow refused) makes
+    Prefect's engine log "Engine execution exited with unexpected exception" with a traceback of its own internals
+    under the state's message: keep the line and the message, drop the traceback that says nothing more."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and record.getMessage().startswith("Engine execution exited"):
+            from prefect.exceptions import FailedRun, ParameterTypeError
+
+            if isinstance(exc, (FailedRun, ParameterTypeError, *USER_ERRORS)):
+                record.msg, record.args, record.exc_info = f"the flow run ended failed: {exc}", None, None
+        return True
+
+
+logging.getLogger("prefect.flow_runs").addFilter(_NoTracebackForAFailedState())
+
+
 def bad_input(exc: BaseException) -> State:
     return Failed(name=BAD_INPUT, message=f"{type(exc).__name__}: {exc}")
 

@@ -8,6 +8,7 @@ re-attaches to that job instead of renting another.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -110,6 +111,44 @@ def record(store: Store, run_id: str, status: JobStatus) -> None:
     write_job_attempts(store, run_id, status.job_id, status.attempts)
 
 
+class AttemptLog:
+    """Says in the flow run's log (what the UI shows) when an attempt ends, a new one starts and where it resumed:
+    the launcher's own lines go to the worker's terminal and the attempt logs, which the UI does not show."""
+
+    def __init__(self, logger: Any):
+        self.logger = logger
+        self.ended: set[int] = set()
+        self.started: set[int] = set()
+        self.resumes: set[float] = set()
+
+    def attempts(self, attempts: list[Attempt]) -> None:
+        for a in attempts:
+            if a.number not in self.started:
+                self.started.add(a.number)
+                if a.number > 1:
+                    self.logger.warning("attempt %d started on %s %s (%s): the job recovers after attempt %d",
+                                        a.number, a.cloud, a.instance, "spot" if a.spot else "on-demand", a.number - 1)
+            if a.ended_unix is not None and a.number not in self.ended:
+                self.ended.add(a.number)
+                level = logging.WARNING if a.end_reason in ("preempted", "failed") else logging.INFO
+                self.logger.log(level, "attempt %d ended: %s (exit code %s) after %.1f min, $%.5f",
+                                a.number, a.end_reason, a.exit_code, a.hours() * 60, a.cost_usd())
+
+    def metrics(self, records: list[dict[str, Any]]) -> None:
+        for rec in records:
+            if rec.get("event") == "start" and rec.get("step", 0) > 0 and rec["time_unix"] not in self.resumes:
+                self.resumes.add(rec["time_unix"])
+                self.logger.warning("resumed from step %d of %s (resume %d): the steps before it are not paid for "
+                                    "again", rec["step"], rec.get("total_steps"), rec.get("resumes", 0))
+
+
+def progress_notes(where: str, spend_usd: float, max_usd: float) -> tuple[str, str]:
+    """The two progress artifacts' descriptions (steps first, money first), short enough for the UI's cards: spend
+    against the budget shows while the run runs, not only steps."""
+    money = f"${spend_usd:.4f} of ${max_usd:g} budget ({spend_usd / max_usd:.0%})"
+    return f"{where} · {money}", f"{money} · {where}"
+
+
 def _wait_terminal(launcher: Launcher, job_id: str, within_s: float) -> JobStatus:
     deadline = time.time() + within_s
     status = launcher.status(job_id)
@@ -185,7 +224,11 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
           earlier: list[Attempt], since: float, poll_s: float, reattached: bool, logger: Any) -> JobOutcome:
     """Poll the job to its end. The job's status comes first: a job that has ended is never called over budget."""
     run_id = config.run_name
-    progress_id = create_progress_artifact(0.0, description=f"training progress of run {run_id}")
+    steps_note, money_note = progress_notes("starting", 0.0, config.budget.max_usd)
+    progress_id = create_progress_artifact(0.0, description=steps_note)
+    budget_id = create_progress_artifact(0.0, description=money_note)
+    said = AttemptLog(logger)
+    shown_progress: tuple | None = None
     recorded: list[Attempt] | None = None
     last_logged: tuple | None = None
     stopped_at_cap = False
@@ -198,9 +241,12 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
             if status.attempts != recorded:
                 record(store, run_id, status)
                 recorded = status.attempts
+                said.attempts(status.attempts)
             if status.state.terminal:
                 break
-            progress = latest_progress(read_metrics(store, run_id, since_unix=since))
+            records = read_metrics(store, run_id, since_unix=since)
+            said.metrics(records)
+            progress = latest_progress(records)
             snap, exceeded = guard.check(earlier + status.attempts, progress)
             timer.arm(snap.spend_usd, max(snap.burn_usd_per_hour, planned_burn), config.budget.max_usd)
             step, total = progress.get("step"), progress.get("total_steps")
@@ -211,8 +257,14 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
                 logger.info("%s attempt %d: %s, spend $%.4f (%.0f%% of budget), burn $%.3f/h, %s $%.4f",
                             status.state.value, len(status.attempts), where, snap.spend_usd, 100 * snap.fraction,
                             snap.burn_usd_per_hour, "projected" if snap.measured else "estimated", snap.projected_usd)
-                if step is not None and total:
-                    update_progress_artifact(progress_id, 100.0 * step / total)
+            money = (step, round(snap.spend_usd, 4))
+            if money != shown_progress:  # spend moves while steps do not (a restart): the UI shows both
+                shown_progress = money
+                where = f"step {step} of {total}" if step is not None else "starting"
+                steps_note, money_note = progress_notes(where, snap.spend_usd, config.budget.max_usd)
+                update_progress_artifact(progress_id, 100.0 * step / total if step is not None and total else 0.0,
+                                         description=steps_note)
+                update_progress_artifact(budget_id, min(100.0, 100.0 * snap.fraction), description=money_note)
             if exceeded or timer.fired.is_set():
                 timer.disarm()
                 if not timer.fired.is_set():
@@ -229,7 +281,12 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
         raise
     timer.disarm()
     record(store, run_id, status)
+    said.attempts(status.attempts)
+    said.metrics(read_metrics(store, run_id, since_unix=since))
     result = outcome(config, store, status, earlier, since, stopped_at_cap, reattached)
+    final_spend = result.run_spend_usd
+    update_progress_artifact(budget_id, min(100.0, 100.0 * final_spend / config.budget.max_usd),
+                             description=progress_notes(result.end, final_spend, config.budget.max_usd)[1])
     if result.end == "budget":
         guard.stopped(result.message, {"run_id": run_id, "job_id": job_id, "spend_usd": result.run_spend_usd,
                                        "max_usd": config.budget.max_usd, "checkpoint_step": result.checkpoint_step})

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from thrifty import savings
+from thrifty import chart, savings
 from thrifty.estimate import Estimate
 from thrifty.config import RunConfig
 from thrifty.results import JobOutcome, PrepResult, SmokeResult
@@ -18,7 +18,7 @@ from thrifty.runs import read_metrics
 from thrifty.storage import open_store
 
 SAVINGS_TABLE_KEY = "thrifty-savings"  # the cross-run table every run updates
-_BARS = "▁▂▃▄▅▆▇█"
+CHART_ROWS = 12  # rows of the loss-and-spend table under the chart
 
 
 def artifact_key(run_id: str, kind: str) -> str:
@@ -26,79 +26,102 @@ def artifact_key(run_id: str, kind: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"thrifty-{kind}-{run_id}".lower()).strip("-")
 
 
-def sparkline(values: list[float]) -> str:
-    if not values:
-        return ""
-    lo, hi = min(values), max(values)
-    return "".join(_BARS[int((v - lo) / (hi - lo) * (len(_BARS) - 1)) if hi > lo else 0] for v in values)
+def usd(v: float) -> str:
+    """Dollars to 5 decimals, never '-0.00000'."""
+    text = f"{v:.5f}"
+    return text.lstrip("-") if float(text) == 0 else text
 
 
-def spend_at(attempts: list[Attempt], t: float) -> float:
-    return sum(max(0.0, min(t, a.ended_unix or t) - a.started_unix) / 3600 * a.usd_per_hour * a.nodes
-               for a in attempts if a.started_unix <= t)
-
-
-def loss_and_spend_chart(metrics: list[dict[str, Any]], attempts: list[Attempt], points: int = 12) -> str:
-    """A markdown chart: loss and cumulative spend over wall time, sampled at up to ``points`` rows."""
-    rows = [m for m in metrics if m.get("event") is None and "loss" in m]
-    if not rows or not attempts:
+def loss_and_spend_chart(metrics: list[dict[str, Any]], attempts: list[Attempt], max_usd: float | None = None,
+                         points: int = CHART_ROWS) -> str:
+    """Markdown: the chart (an SVG image) and a table of loss and cumulative spend at up to ``points`` steps."""
+    curve = chart.series(metrics, attempts)
+    if not curve or not attempts:
         return "_no training metrics recorded_\n"
-    picked = [rows[round(i * (len(rows) - 1) / max(1, points - 1))] for i in range(min(points, len(rows)))]
-    t0 = min(a.started_unix for a in attempts)
-    losses = [r["loss"] for r in picked]
-    spends = [spend_at(attempts, r["time_unix"]) for r in picked]
-    lines = [f"loss  `{sparkline(losses)}` {losses[0]:.3f} -> {losses[-1]:.3f}",
-             "", f"spend `{sparkline(spends)}` ${spends[0]:.5f} -> ${spends[-1]:.5f}", "",
+    resumed = [m["step"] for m in metrics if m.get("event") == "start" and m.get("step", 0) > 0]
+    t0 = curve[0].time_unix
+    lines = [chart.markdown_image(chart.svg(curve, max_usd, resumed), "loss and spend over time"), "",
+             f"Loss {curve[0].loss:.3f} → {curve[-1].loss:.3f} over {curve[-1].step} steps; "
+             f"spend ${usd(curve[-1].spend_usd)}" + (f" of the ${max_usd:g} budget" if max_usd else "") + ".", "",
              "| minute | step | loss | spend $ |", "|---:|---:|---:|---:|"]
-    lines += [f"| {(r['time_unix'] - t0) / 60:.2f} | {r['step']} | {r['loss']:.4f} | {s:.5f} |"
-              for r, s in zip(picked, spends)]
+    lines += [f"| {(p.time_unix - t0) / 60:.2f} | {p.step} | {p.loss:.4f} | {usd(p.spend_usd)} |"
+              for p in chart.sample(curve, points)]
     return "\n".join(lines) + "\n"
 
 
+def _metric(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
 def render_summary(run_id: str, prep: PrepResult, smoke: SmokeResult, estimate: Estimate, job: JobOutcome,
-                   figures: SavingsReport) -> str:
+                   figures: SavingsReport, attempts: list[Attempt]) -> str:
+    """The run's summary, savings and assumptions; ``attempts`` are the whole run's (every job, resumes included)."""
     summary = job.summary
     best = summary.best_metric if summary else None
     final = summary.final_metrics if summary else {}
-    lev = figures.levers_usd
+    preemptions = sum(1 for a in attempts if a.end_reason == "preempted")
+    jobs = len(dict.fromkeys(a.job_id for a in attempts))
+    rows = [
+        ("preprocessing cache", f"{'hit' if prep.hit else 'miss'} ({prep.seconds:.1f} s, key `{prep.key[:12]}`)"),
+        ("smoke test", f"passed: {smoke.steps} steps on CPU, {smoke.precision_checked}, "
+                       f"{smoke.cpu_step_time_s:.4f} s/step"),
+        ("estimate before launch", f"${usd(estimate.usd)} (see the assumptions below)"),
+        *([("hardware", estimate.choice)] if estimate.choice else []),
+        ("job", f"`{job.job_id}` {job.state.lower()}: {job.message}"),
+        ("attempts", f"{len(attempts)} in {jobs} job(s), {preemptions} preemption(s) survived"
+                     + (f", {summary.resumes} resume(s)" if summary else "")),
+    ]
+    if summary:
+        rows += [
+            ("steps", f"{summary.steps} of {summary.total_steps} ({summary.epochs:g} epochs)"),
+            ("early stop", "yes" if summary.stopped_early else "no"),
+            *([(f"best {best.name}", f"{_metric(best.value)} at step {best.step}")] if best else []),
+            *[(f"final {k}", _metric(v)) for k, v in final.items()],
+            ("checkpoints written", str(summary.checkpoints_written)),
+            ("data-wait fraction", f"{summary.data_wait_fraction:.1%}" if summary.data_wait_fraction is not None
+             else "-"),
+            ("weights sha256", f"`{summary.weights_sha256[:16]}…`" if summary.weights_sha256 else "-"),
+        ]
+    rows.append(("cost", f"${usd(figures.actual_usd)} (on-demand: ${usd(figures.on_demand_usd)})"))
     lines = [
         f"# Run `{run_id}`",
         "",
-        "| | |",
+        "| item | value |",  # a header row with words: an empty one draws a blank bar in the UI
         "|---|---|",
-        f"| preprocessing cache | {'hit' if prep.hit else 'miss'} (key `{prep.key}`, {prep.seconds} s) |",
-        f"| smoke test | passed: {smoke.steps} steps on CPU, {smoke.precision_checked} autocast, "
-        f"{smoke.cpu_step_time_s} s/step |",
-        f"| estimate before launch | ${estimate.usd:.5f} ({estimate.assumption}) |",
-        *([f"| hardware | {estimate.choice} |"] if estimate.choice else []),
-        f"| job | `{job.job_id}` {job.state}: {job.message} |",
-        f"| attempts | {len(job.attempts)} ({job.preemptions} preemption(s) survived) |",
-        f"| steps | {summary.steps if summary else None} of {summary.total_steps if summary else None} "
-        f"({summary.epochs if summary else None} epochs) |",
-        f"| early stop | {'yes' if summary and summary.stopped_early else 'no'} |",
-        f"| best {best.name if best else None} | {best.value if best else None} at step {best.step if best else None} |",
-        *[f"| final {k} | {v:.4f} |" for k, v in final.items()],
-        f"| checkpoints written / resumes | {summary.checkpoints_written if summary else None} / "
-        f"{summary.resumes if summary else None} |",
-        f"| data-wait fraction | {summary.data_wait_fraction if summary else None} |",
-        f"| cost | ${figures.actual_usd:.5f} (on-demand: ${figures.on_demand_usd:.5f}) |",
-        f"| weights sha256 | `{summary.weights_sha256 if summary else None}` |",
+        *[f"| {k} | {v} |" for k, v in rows],
         "",
         "## Savings",
         "",
-        f"Actual **${figures.actual_usd:.5f}** against **${figures.naive_usd:.5f}** the naive way: "
-        f"saved ${figures.saved_usd:.5f} ({figures.saved_fraction:.0%}).",
+        f"Actual **${usd(figures.actual_usd)}** against **${usd(figures.naive_usd)}** the naive way: "
+        f"saved ${usd(figures.saved_usd)} ({figures.saved_fraction:.0%}).",
         "",
         "| lever | saved $ |",
         "|---|---:|",
-        *[f"| {k.replace('_', ' ')} | {v:.5f} |" for k, v in lev.items()],
+        *[f"| {k.replace('_', ' ')} | {usd(v)} |" for k, v in figures.levers_usd.items()],
         f"| preemption waste ({figures.preemption_waste.steps} steps recomputed) | "
-        f"-{figures.preemption_waste.usd:.5f} |",
+        f"{usd(-figures.preemption_waste.usd)} |",
         "",
+        "Assumptions:",
+        "",
+        f"- estimate before launch: {estimate.assumption}",
         *[f"- {a}" for a in figures.assumptions],
         "",
     ]
     return "\n".join(lines) + "\n"
+
+
+def attempt_rows(attempts: list[Attempt]) -> list[dict[str, Any]]:
+    """The attempts table: few, short columns, so it fits the UI without scrolling sideways."""
+    return [{"attempt": a.number, "instance": f"{a.cloud} {a.instance}" + (f" x{a.nodes}" if a.nodes > 1 else ""),
+             "spot": "spot" if a.spot else "on-demand", "$/h": round(a.usd_per_hour, 4),
+             "minutes": round(a.hours() * 60, 2), "usd": round(a.cost_usd(), 5),
+             "end": a.end_reason or "running", "exit": a.exit_code} for a in attempts]
+
+
+def savings_rows(all_figures: list[SavingsReport]) -> list[dict[str, Any]]:
+    """The cross-run table, narrow enough for the UI: the levers are in each run's summary."""
+    return [{"run": f.run_id, "state": f.state, "spent $": round(f.actual_usd, 5), "naive $": round(f.naive_usd, 5),
+             "saved": f"{f.saved_fraction:.0%}", "attempts": f.attempts} for f in all_figures]
 
 
 @task(name="report", retries=0)
@@ -113,14 +136,12 @@ def report(config: RunConfig, prep: PrepResult, smoke: SmokeResult, estimate: Es
     figures = savings.breakdown(run_id, attempts, job.summary, prep.hit, prep.cold_seconds, metrics, state)
     savings.write(store, figures)
 
-    chart = loss_and_spend_chart(metrics, attempts)
-    markdown = render_summary(run_id, prep, smoke, estimate, job, figures) + "## Loss and spend\n\n" + chart
+    curve = loss_and_spend_chart(metrics, attempts, config.budget.max_usd)
+    markdown = (render_summary(run_id, prep, smoke, estimate, job, figures, attempts)
+                + "## Loss and spend\n\n" + curve)
     create_markdown_artifact(markdown, key=artifact_key(run_id, "summary"), description=f"Thrifty run {run_id}")
-    rows = [{"attempt": a.number, "job": a.job_id, "cloud": a.cloud, "region": a.region, "instance": a.instance,
-             "spot": a.spot, "usd_per_hour": a.usd_per_hour, "nodes": a.nodes, "minutes": round(a.hours() * 60, 2),
-             "usd": round(a.cost_usd(), 6), "end": a.end_reason, "exit_code": a.exit_code}
-            for a in attempts]
-    create_table_artifact(rows, key=artifact_key(run_id, "attempts"), description=f"Attempts of run {run_id}")
-    create_table_artifact(savings.table(savings.read_all(store)), key=SAVINGS_TABLE_KEY,
+    create_table_artifact(attempt_rows(attempts), key=artifact_key(run_id, "attempts"),
+                          description=f"Attempts of run {run_id}: every job's, resumes included")
+    create_table_artifact(savings_rows(savings.read_all(store)), key=SAVINGS_TABLE_KEY,
                           description=f"Savings of every Thrifty run in {store.uri}")
     return figures

@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -24,12 +18,12 @@ from prefect import Flow
 
 from deployments.deploy import WORK_POOL, WORK_POOL_TYPE
 from conftest import REPO, python_env
+from prefect_server import BIN, Server, deployed_server, stop, tail
 from thrifty.archive import build_settings
 from thrifty.config import build_config
 from thrifty.ledger import read_attempts
 from thrifty.storage import open_store
 
-BIN = Path(sys.executable).parent
 SPEC = yaml.safe_load((REPO / "prefect.yaml").read_text())
 DEPLOYMENTS = {d["name"]: d for d in SPEC["deployments"]}
 NIGHTLY_CRON, NIGHTLY_TZ = "0 3 * * *", "America/New_York"
@@ -73,9 +67,11 @@ def test_prefect_yaml_matches_the_code():
             build_config(params["config"], source=f"prefect.yaml {name}")  # raises ConfigError when invalid
     weekly = DEPLOYMENTS["weekly-archive"]
     build_settings({k: v for k, v in weekly["parameters"].items() if k != "dry_run"}, "prefect.yaml weekly-archive")
-    assert weekly["parameters"]["dry_run"] is False and weekly["concurrency_limit"] == 1
+    assert weekly["concurrency_limit"] == 1
     [schedule] = weekly["schedules"]
     assert (schedule["cron"], schedule["timezone"]) == (WEEKLY_CRON, NIGHTLY_TZ)
+    # a manual run previews; the schedule carries its own parameters and applies
+    assert weekly["parameters"]["dry_run"] is True and schedule["parameters"] == {"dry_run": False}
     nightly = DEPLOYMENTS["nightly-retrain"]
     assert nightly["parameters"]["config"]["run_name"] == "nightly-{date}"
     assert nightly["concurrency_limit"] == 1
@@ -92,143 +88,25 @@ def test_deploy_without_a_server_says_how_to_start_one(tmp_path):
     assert "prefect server start" in proc.stderr and "PREFECT_API_URL" in proc.stderr
 
 
+def test_alerts_webhook_must_be_a_url_for_a_custom_webhook_block():
+    from deployments.deploy import DeployError, create_webhook_block
+
+    with pytest.raises(DeployError, match="not an http\\(s\\) URL") as bad_url:
+        create_webhook_block("hooks.example/abc", None)
+    with pytest.raises(DeployError, match="custom-webhook/NAME") as bad_block:
+        create_webhook_block("https://hooks.example/abc", "slack-webhook/ops")
+    assert bad_url.value.exit_code == bad_block.value.exit_code == 2
+
+
 # ---------------------------------------------------------------- slow: a real server, deploy, worker, run
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _proc_table() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, start time) for every process, from /proc."""
-    table = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z":
-            table[int(stat.parent.name)] = (int(fields[1]), fields[19])
-    return table
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """The process tree under ``pid``: pid -> start time (so a reused pid is never signalled)."""
-    table = _proc_table()
-    found, todo = {}, [pid]
-    while todo:
-        parent = todo.pop()
-        for child, (ppid, started) in table.items():
-            if ppid == parent and child not in found:
-                found[child] = started
-                todo.append(child)
-    return found
-
-
-def stop(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:
-    """SIGTERM the process and everything it started, SIGKILL what is left after ``timeout_s``."""
-    tree = descendants(proc.pid) if proc.poll() is None else {}
-    proc.terminate()
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-    def alive() -> list[int]:
-        table = _proc_table()
-        return [pid for pid, started in tree.items() if pid in table and table[pid][1] == started]
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in alive():
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + timeout_s
-        while alive() and time.monotonic() < deadline:
-            time.sleep(0.2)
-
-
-def tail(path: Path, chars: int = 4000) -> str:
-    return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
-
-
-class Server:
-    """`prefect server start` on 127.0.0.1 with a private PREFECT_HOME; ``env`` is what its clients use."""
-
-    def __init__(self, home: Path):
-        self.home = home
-        port = free_port()
-        self.api_url = f"http://127.0.0.1:{port}/api"
-        self.env = {
-            **python_env(),
-            "PREFECT_HOME": str(home / "prefect"),
-            "PREFECT_API_URL": self.api_url,
-            "PREFECT_SERVER_API_HOST": "127.0.0.1",
-            "PREFECT_SERVER_API_PORT": str(port),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_UI_ENABLED": "false",  # no UI bundle to copy at start: a faster server
-            "DO_NOT_TRACK": "1",
-            "PREFECT_WORKER_QUERY_SECONDS": "1",  # the worker picks up a new run within a second, not 10
-        }
-        self.procs: list[subprocess.Popen] = []
-
-    def spawn(self, name: str, *args: str) -> subprocess.Popen:
-        log = open(self.home / f"{name}.log", "w")
-        proc = subprocess.Popen([str(BIN / "prefect"), *args], cwd=REPO, env=self.env,
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def wait_healthy(self, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"prefect server exited {proc.returncode}:\n{tail(self.home / 'server.log')}"
-            try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.25)
-        raise AssertionError(f"prefect server not healthy after {timeout_s:.0f} s:\n{tail(self.home / 'server.log')}")
-
-    def run(self, *cmd: str, timeout_s: float = 180.0) -> subprocess.CompletedProcess:
-        return subprocess.run(list(cmd), cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout_s)
-
-    @contextmanager
-    def client(self) -> Iterator[Any]:
-        """A sync Prefect client on this server, whatever server the rest of the test session uses."""
-        from prefect.client.orchestration import get_client
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings(updates={PREFECT_API_URL: self.api_url}), get_client(sync_client=True) as client:
-            yield client
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.procs):  # the worker before the server it talks to
-            stop(proc)
 
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory) -> Iterator[Server]:
     """A fresh server with `thrifty deploy` run in the repo root, as a user would."""
-    server = Server(tmp_path_factory.mktemp("prefect-e2e"))
-    yaml_before = (REPO / "prefect.yaml").read_text()
-    try:
-        server.wait_healthy(server.spawn("server", "server", "start", "--host", "127.0.0.1",
-                                         "--port", server.env["PREFECT_SERVER_API_PORT"]))
-        out = server.run(str(BIN / "thrifty"), "deploy")
-        assert out.returncode == 0, f"thrifty deploy failed:\n{out.stdout}\n{out.stderr}"
-        assert f"work pool '{WORK_POOL}' ({WORK_POOL_TYPE}) created" in out.stderr
-        assert (REPO / "prefect.yaml").read_text() == yaml_before, "deploy must not rewrite prefect.yaml"
+    with deployed_server(tmp_path_factory.mktemp("prefect-e2e")) as server:
+        assert f"work pool '{WORK_POOL}' ({WORK_POOL_TYPE}) created" in server.deploy_output.stderr
         yield server
-    finally:
-        server.stop_all()
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +138,8 @@ def test_deployments_registered_on_the_server(deployed):
     assert nightly.parameters["config"]["run_name"] == "nightly-{date}"
     [schedule] = weekly.schedules
     assert (schedule.schedule.cron, schedule.schedule.timezone) == (WEEKLY_CRON, NIGHTLY_TZ)
-    assert weekly.work_pool_name == WORK_POOL and weekly.parameters["dry_run"] is False
+    assert weekly.work_pool_name == WORK_POOL and weekly.parameters["dry_run"] is True
+    assert schedule.parameters == {"dry_run": False}
     assert train.enforce_parameter_schema and nightly.enforce_parameter_schema
     # thrifty deploy installed the budget backstop (the failure alert needs a notification block): proactive, so it
     # only acts for a watch loop that said "exceeded" and never "stopped"

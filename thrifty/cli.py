@@ -340,6 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--project-dir", default=".", help="the directory holding prefect.yaml (default: the current one)")
     p.add_argument("--alerts-block", default=None, metavar="TYPE/NAME",
                    help="notification block for failure alerts (default: custom-webhook/thrifty-alerts, if it exists)")
+    p.add_argument("--alerts-webhook", default=None, metavar="URL",
+                   help="create (or update) the custom-webhook block failure alerts post to, with this URL")
     p.set_defaults(func="deploy")
     return parser
 

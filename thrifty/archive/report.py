@@ -74,14 +74,14 @@ def markdown(p: Plan, outcome: Outcome | None = None, max_rows: int | None = Non
     (the first ``max_rows`` of them, archive rows first, when given)."""
     s = summary(p, outcome)
     usd = "n/a" if s["usd_per_month_saved"] is None else f"${s['usd_per_month_saved']:.2f}"
-    head = "Dry run: nothing moved" if outcome is None else (
+    head = "Dry run: nothing moved (a preview; `--apply`, or dry_run off, moves it)" if outcome is None else (
         f"Moved {s['moved']} objects ({human_bytes(s['bytes_moved'])}); {s['failed']} failed, "
         f"{s['left_alone']} left alone")
     lines = [
         f"# Archive {s['store']}", "",
         f"{head}. As of {p.as_of:%Y-%m-%d %H:%M} UTC, stale = not modified for {s['older_than_days']:g} days; "
         f"target class **{s['target_class']}**.", "",
-        "| | |", "|---|---|",
+        "| item | value |", "|---|---|",  # words in the header: an empty one draws a blank bar in the UI
         f"| to archive | {s['objects_to_archive']} objects in {s['groups_to_archive']} checkpoints / cache entries |",
         f"| bytes | {human_bytes(s['bytes_to_archive'])} ({s['bytes_to_archive']} B) |",
         f"| saved per month | {usd} |",

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, WithJsonSchema
 
 
 class ConfigError(ValueError):
     """A user-fixable problem with the run's configuration (CLI exit code 2)."""
+
+
+# The word 'auto' as one choice of a number-or-auto field. A bare Literal["auto"] is a JSON-schema `const`, which
+# the Prefect UI shows as "is a const and cannot be changed"; an enum of one reads as a choice in its form.
+AutoChoice = Annotated[Literal["auto"], WithJsonSchema({"type": "string", "enum": ["auto"], "title": "auto"})]
 
 
 STORE_SCHEMES = ("file", "s3", "gs", "az")

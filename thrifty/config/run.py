@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
@@ -13,8 +14,9 @@ from thrifty.config.base import ConfigError, StoreUri, _Frozen
 from thrifty.config.sections import BudgetConfig, ComputeConfig, TrainConfig
 
 
-# Forms checked by pattern, so they are in the JSON schema and the Prefect UI form enforces them too;
-# each pattern's user-facing wording for errors:
+# Forms checked by pattern; each pattern's user-facing wording for errors. RECIPE_PATTERN is in the JSON schema (the
+# server refuses a bad recipe before any worker sees it); RUN_NAME_PATTERN is checked by a validator instead, because
+# the Prefect UI shows a schema pattern's failure as the raw regex, mangled by its markdown, and never the rule.
 RUN_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.\-]|\{date\}){0,62}$"
 RECIPE_PATTERN = r"^([A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"
 PATTERN_HELP = {
@@ -28,21 +30,34 @@ class RunConfig(_Frozen):
     """One training run: what to train, where to keep it, what to rent, and what it may cost."""
 
     run_name: str = Field(
-        "digits-demo", pattern=RUN_NAME_PATTERN,
-        description="The run id and resume key: checkpoints live under <store>/runs/<run_name>/. "
-        "'{date}' becomes the run's scheduled date, so a nightly deployment trains a new run each night.",
+        "digits-demo", min_length=1,  # its pattern is checked below: a schema pattern reaches the UI as a raw regex
+        description="The run id and resume key: checkpoints live under STORE/runs/RUN_NAME/ in the store below; "
+        "the same name resumes from there. '{date}' becomes the run's scheduled date (YYYYMMDD), so a nightly "
+        "deployment trains a new run each night. 1-63 letters, digits, '.', '_' or '-', starting with a letter or "
+        "digit. The flow run is named after it when it starts: this field wins over the form's top 'Run Name'.",
     )
     recipe: str = Field("digits", pattern=RECIPE_PATTERN,
                         description="digits | codelm | 'package.module:function' returning a Recipe.")
-    recipe_params: dict[str, Any] = Field(default_factory=dict, description="Recipe options (validated by the recipe).")
+    recipe_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The recipe's own options as JSON, checked before anything is rented; empty = its defaults. "
+        "digits: hidden (MLP units, 128), dropout (0.1), val_fraction (0.2), split_seed, limit (first N examples). "
+        "codelm: max_files, max_bytes, exclude_dirs, val_every, vocab_size (2048), min_frequency, seq_len (128), "
+        "n_layer (3), n_head (4), n_embd (128), dropout. E.g. {\"hidden\": 256}.",
+    )
     store: StoreUri = Field(".thrifty/store", description="Where shards, checkpoints and ledgers go: a path, file://, s3://, gs://, az://.")
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    compute: ComputeConfig = Field(default_factory=ComputeConfig)
-    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig, description="The training loop: epochs, batch, "
+                               "learning rate, precision, checkpoints and early stopping.")
+    compute: ComputeConfig = Field(default_factory=ComputeConfig, description="Where it runs: the launcher, clouds, "
+                                   "accelerators, spot or on-demand, and the local launcher's emulated instance.")
+    budget: BudgetConfig = Field(default_factory=BudgetConfig, description="What it may cost: the hard cap in USD, "
+                                 "alerts and where they go.")
 
     @field_validator("run_name")
     @classmethod
     def _dated_name_fits(cls, v: str) -> str:
+        if not re.fullmatch(RUN_NAME_PATTERN, v):
+            raise ValueError(f"run_name {PATTERN_HELP[RUN_NAME_PATTERN]}")
         if len(_dated(v, dt.date.today())) > 63:
             raise ValueError(f"run_name {v!r} is {len(_dated(v, dt.date.today()))} characters once '{{date}}' becomes "
                              "YYYYMMDD; the limit is 63, shorten it")

@@ -7,7 +7,7 @@ from typing import Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from thrifty.config.base import _Frozen
+from thrifty.config.base import AutoChoice, _Frozen
 
 
 class EarlyStoppingConfig(_Frozen):
@@ -53,7 +53,7 @@ class TrainConfig(_Frozen):
         "auto", description="Autocast dtype. auto = bf16 on GPUs that have it, fp16 + GradScaler on older GPUs, fp32 on CPU."
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
-    checkpoint_every: Union[int, Literal["auto"]] = Field(
+    checkpoint_every: Union[int, AutoChoice] = Field(
         "auto",
         description="Optimizer steps between checkpoints, or auto = Young/Daly optimum from the measured save "
         "time and mean_time_between_preemptions_s.",
@@ -66,7 +66,9 @@ class TrainConfig(_Frozen):
         None, ge=1, description="Optimizer steps between validations; null = once per epoch."
     )
     log_every: int = Field(10, ge=1, description="Optimizer steps between metric lines (steps).")
-    early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
+    early_stopping: EarlyStoppingConfig = Field(
+        default_factory=EarlyStoppingConfig, description="Stop when a validation metric stops improving."
+    )
     seed: int = Field(0, ge=0, lt=2**32, description="Seed for weights, data order and dropout (integer, 0 to 2^32-1).")
 
     @field_validator("adam_betas")

@@ -1,0 +1,186 @@
+"""A real Prefect server on loopback for end-to-end tests: started with a private PREFECT_HOME, its clients' env,
+`thrifty deploy` and a process worker, and every process it started stopped with its children afterwards.
+
+tests/test_deployments_e2e.py and tests/test_ui_browser.py share it; each starts one server per module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from conftest import REPO, python_env
+from deployments.deploy import WORK_POOL, WORK_POOL_TYPE
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, start time) for every process, from /proc."""
+    table = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            table[int(stat.parent.name)] = (int(fields[1]), fields[19])
+    return table
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """The process tree under ``pid``: pid -> start time (so a reused pid is never signalled)."""
+    table = _proc_table()
+    found, todo = {}, [pid]
+    while todo:
+        parent = todo.pop()
+        for child, (ppid, started) in table.items():
+            if ppid == parent and child not in found:
+                found[child] = started
+                todo.append(child)
+    return found
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:
+    """SIGTERM the process and everything it started, SIGKILL what is left after ``timeout_s``."""
+    tree = descendants(proc.pid) if proc.poll() is None else {}
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+    def alive() -> list[int]:
+        table = _proc_table()
+        return [pid for pid, started in tree.items() if pid in table and table[pid][1] == started]
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in alive():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout_s
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def tail(path: Path, chars: int = 4000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
+
+
+class Server:
+    """`prefect server start` on 127.0.0.1 with a private PREFECT_HOME; ``env`` is what its clients use."""
+
+    def __init__(self, home: Path, ui: bool = False):
+        self.home = home
+        self.deploy_output: subprocess.CompletedProcess | None = None
+        self.worker: subprocess.Popen | None = None
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.api_url = f"{self.url}/api"
+        self.env = {
+            **python_env(),
+            "PREFECT_HOME": str(home / "prefect"),
+            "PREFECT_API_URL": self.api_url,
+            "PREFECT_SERVER_API_HOST": "127.0.0.1",
+            "PREFECT_SERVER_API_PORT": str(port),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            # without the UI there is no bundle to copy at start: a faster server
+            "PREFECT_UI_ENABLED": "true" if ui else "false",
+            "PREFECT_UI_API_URL": self.api_url,  # the browser calls the API on loopback, where it is
+            "DO_NOT_TRACK": "1",
+            "PREFECT_WORKER_QUERY_SECONDS": "1",  # the worker picks up a new run within a second, not 10
+        }
+        self.procs: list[subprocess.Popen] = []
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.home / f"{name}.log", "w")
+        proc = subprocess.Popen([str(BIN / "prefect"), *args], cwd=REPO, env=self.env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def wait_healthy(self, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"prefect server exited {proc.returncode}:\n{tail(self.home / 'server.log')}"
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise AssertionError(f"prefect server not healthy after {timeout_s:.0f} s:\n{tail(self.home / 'server.log')}")
+
+    def run(self, *cmd: str, timeout_s: float = 180.0) -> subprocess.CompletedProcess:
+        return subprocess.run(list(cmd), cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout_s)
+
+    @contextmanager
+    def client(self) -> Iterator[Any]:
+        """A sync Prefect client on this server, whatever server the rest of the test session uses."""
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: self.api_url}), get_client(sync_client=True) as client:
+            yield client
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):  # the worker before the server it talks to
+            stop(proc)
+
+
+def deploy(server: Server, *args: str) -> subprocess.CompletedProcess:
+    """`thrifty deploy` in the repo root as a user runs it; it must leave prefect.yaml as it was."""
+    yaml_before = (REPO / "prefect.yaml").read_text()
+    out = server.run(str(BIN / "thrifty"), "deploy", *args)
+    assert out.returncode == 0, f"thrifty deploy failed:\n{out.stdout}\n{out.stderr}"
+    assert f"work pool '{WORK_POOL}' ({WORK_POOL_TYPE})" in out.stderr
+    assert (REPO / "prefect.yaml").read_text() == yaml_before, "deploy must not rewrite prefect.yaml"
+    return out
+
+
+@contextmanager
+def deployed_server(home: Path, ui: bool = False, deploy_args: tuple[str, ...] = ()) -> Iterator[Server]:
+    """A fresh server (with its UI when ``ui``) and `thrifty deploy` run against it; everything stopped after."""
+    server = Server(home, ui=ui)
+    try:
+        server.wait_healthy(server.spawn("server", "server", "start", "--host", "127.0.0.1",
+                                         "--port", server.env["PREFECT_SERVER_API_PORT"]))
+        server.deploy_output = deploy(server, *deploy_args)
+        yield server
+    finally:
+        server.stop_all()
+
+
+def wait_final(server: Server, flow_run_id: str, worker: subprocess.Popen | None = None,
+               timeout_s: float = 240.0) -> Any:
+    """Poll a flow run until its state is final; fail with the worker's log when it takes too long."""
+    deadline = time.monotonic() + timeout_s
+    with server.client() as client:
+        while True:
+            flow_run = client.read_flow_run(flow_run_id)
+            if flow_run.state is not None and flow_run.state.is_final():
+                return flow_run
+            if worker is not None:
+                assert worker.poll() is None, f"worker exited {worker.returncode}:\n{tail(server.home / 'worker.log')}"
+            assert time.monotonic() < deadline, (f"flow run still {flow_run.state_name} after {timeout_s:.0f} s:\n"
+                                                 f"{tail(server.home / 'worker.log')}")
+            time.sleep(0.5)

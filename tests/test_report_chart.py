@@ -1,0 +1,62 @@
+"""The report's loss-and-spend chart and tables, as pure functions over a resumed run's records."""
+
+from __future__ import annotations
+
+import base64
+import re
+import xml.etree.ElementTree as ET
+
+from tasks.report import attempt_rows, loss_and_spend_chart, usd
+from thrifty import chart
+from thrifty.ledger import Attempt
+
+T0 = 1_800_000_000.0
+
+
+def resumed_run() -> tuple[list[dict], list[Attempt]]:
+    """Attempt 1 logs steps 5..30 and checkpoints at 20; it is preempted, and attempt 2 resumes at 20 and trains
+    20..50 again: steps 25 and 30 are logged twice, the second time by the attempt whose weights survive."""
+    first = [{"time_unix": T0 + s, "step": s, "loss": 3.0 - s / 100} for s in (5, 10, 15, 20, 25, 30)]
+    second = [{"time_unix": T0 + 100, "event": "start", "step": 20, "total_steps": 50, "resumes": 1}]
+    second += [{"time_unix": T0 + 80 + s, "step": s, "loss": 2.0 - s / 100} for s in (25, 30, 35, 40, 45, 50)]
+    attempts = [Attempt("job", 1, "aws", "local", "g5.xlarge", True, 3.6, 1, T0, ended_unix=T0 + 40,
+                        end_reason="preempted", exit_code=0),
+                Attempt("job", 2, "aws", "local", "g5.xlarge", True, 3.6, 1, T0 + 90, ended_unix=T0 + 140,
+                        end_reason="succeeded", exit_code=0)]
+    return second + first, attempts  # files in any order: the curve sorts them
+
+
+def test_curve_has_each_step_once_and_the_surviving_attempt_wins():
+    metrics, _ = resumed_run()
+    curve = chart.training_curve(metrics)
+    assert [r["step"] for r in curve] == [5, 10, 15, 20, 25, 30, 35, 40, 45, 50]
+    assert curve[4]["loss"] == 2.0 - 0.25 and curve[-1]["loss"] == 2.0 - 0.5  # ends at the final loss
+
+
+def test_sample_keeps_first_and_last_without_repeats():
+    rows = list(range(88))
+    picked = chart.sample(rows, 12)
+    assert picked[0] == 0 and picked[-1] == 87 and len(picked) == len(set(picked)) == 12
+    assert chart.sample(rows[:5], 12) == rows[:5]
+
+
+def test_chart_is_an_svg_image_with_both_lines_and_the_resume():
+    metrics, attempts = resumed_run()
+    md = loss_and_spend_chart(metrics, attempts, max_usd=1.0, points=4)
+    src = re.search(r"!\[loss and spend over time\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", md).group(1)
+    svg = ET.fromstring(base64.b64decode(src))  # well-formed XML, or the browser draws nothing
+    lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == 2 and all(len(line.get("points").split()) == 10 for line in lines)
+    assert b"resumed" in base64.b64decode(src)
+    assert "Loss 2.950 → 1.500 over 50 steps" in md
+    table = [line for line in md.splitlines() if re.match(r"\| [0-9.]+ \| \d+ \|", line)]
+    assert [int(line.split("|")[2]) for line in table] == [5, 20, 35, 50]
+    # spend is cumulative over both attempts: 40 s of attempt 1 and 40 s of attempt 2 at $3.6/h by step 50
+    assert table[-1].endswith(f"| {usd(80 * 3.6 / 3600)} |")
+
+
+def test_money_never_prints_minus_zero_and_attempt_rows_are_narrow():
+    assert usd(-0.0000001) == "0.00000" and usd(-0.5) == "-0.50000"
+    _, attempts = resumed_run()
+    rows = attempt_rows(attempts)
+    assert [r["end"] for r in rows] == ["preempted", "succeeded"] and len(rows[0]) <= 8

@@ -1,0 +1,314 @@
+"""The Prefect UI as a user meets it, in a real browser: Debian's chromium driven by Playwright against a real Prefect
+server (with its UI) and a process worker on loopback, after `thrifty deploy`. Every non-loopback address is blocked
+in the browser.
+
+It fills the `train` form (run_name, max_epochs, max_usd), submits, waits for Completed, and checks what the run
+shows: its name and tag, the preemption and resume in its logs, and the summary (with the chart image), attempts and
+savings artifacts. Also a bad value's toast, the nightly run's name, and the archive's manual run previewing.
+Screenshots of each page go to $THRIFTY_UI_SHOTS or a temporary folder; the test prints which.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from deployments.deploy import WORK_POOL
+from prefect_server import Server, deployed_server, stop, tail, wait_final
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+CHROMIUM = os.environ.get("THRIFTY_CHROMIUM", "/usr/bin/chromium")
+INSTALL = "apt-get update && apt-get install -y chromium"
+LOOPBACK = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?/")
+TIMEOUT_MS = 30_000
+
+
+def require_chromium() -> str:
+    """The system browser: a missing one fails loudly with the command that installs it (never skipped)."""
+    path = CHROMIUM if os.path.isabs(CHROMIUM) else shutil.which(CHROMIUM)
+    if not path or not os.access(path, os.X_OK):
+        pytest.fail(f"no chromium at {CHROMIUM}: install Debian's with `{INSTALL}` (.ci/run does), or point "
+                    "THRIFTY_CHROMIUM at one. Playwright's own browser download cannot work offline.")
+    return path
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory, request) -> Path:
+    folder = Path(os.environ.get("THRIFTY_UI_SHOTS") or tmp_path_factory.mktemp("ui-screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else nullcontext():
+        print(f"\nscreenshots of the Prefect UI: {folder}", file=sys.stderr)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory) -> Iterator[Server]:
+    """One server with its UI for the module, deployed, with a worker serving the pool."""
+    with deployed_server(tmp_path_factory.mktemp("prefect-ui"), ui=True) as server:
+        worker = server.spawn("worker", "worker", "start", "--pool", WORK_POOL)
+        server.worker = worker
+        yield server
+        stop(worker)
+
+
+@pytest.fixture(scope="module")
+def page(ui: Server, shots: Path) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    executable = require_chromium()
+    blocked: list[str] = []
+
+    def loopback_only(route: Any) -> None:
+        url = route.request.url
+        if LOOPBACK.match(url) or url.startswith(("data:", "blob:", "about:")):
+            route.continue_()
+        else:
+            blocked.append(url)
+            route.abort()
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
+        context = browser.new_context(viewport={"width": 1400, "height": 1000}, base_url=ui.url)
+        context.route("**/*", loopback_only)
+        context.set_default_timeout(TIMEOUT_MS)
+        pg = context.new_page()
+        pg.blocked = blocked
+        yield pg
+        context.close()
+        browser.close()
+
+
+def snap(page: Any, shots: Path, name: str, full: bool = True) -> Path:
+    """A screenshot of the whole page, the UI's inner scroll area included."""
+    path = shots / f"{name}.png"
+    if full:
+        height = page.evaluate("() => Math.max(...[...document.querySelectorAll('*')].map(e => e.scrollHeight))")
+        page.set_viewport_size({"width": 1400, "height": max(1000, min(int(height), 8000))})
+    page.screenshot(path=str(path))
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    return path
+
+
+def field(page: Any, label: str) -> Any:
+    """The input of the form property labelled ``label`` (its own input, not a nested property's)."""
+    prop = page.locator(f"xpath=//span[contains(@class,'schema-form-property__label') and normalize-space()="
+                        f"'{label}']/ancestor::div[contains(concat(' ',@class,' '),' schema-form-property ')][1]")
+    return prop.locator("xpath=./div[contains(@class,'p-label__body')]//*[self::input or self::textarea]").first
+
+
+def deployment_id(ui: Server, name: str) -> str:
+    with ui.client() as client:
+        return str(client.read_deployment_by_name(name).id)
+
+
+def open_form(page: Any, ui: Server) -> None:
+    page.goto(f"/deployments/deployment/{deployment_id(ui, 'thrifty-train/train')}/run")
+    field(page, "Max Epochs (Optional)").wait_for()
+
+
+def artifact_ids(ui: Server, flow_run_id: str) -> dict[str, str]:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with ui.client() as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
+            any_=[flow_run_id])))
+    return {a.key: str(a.id) for a in found if a.key}
+
+
+def run_logs(ui: Server, flow_run_id: str) -> str:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with ui.client() as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return "\n".join(f"{log.level} {log.message[:300]}" for log in logs)
+
+
+def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, tmp_path):
+    run_name, store = f"ui-{uuid.uuid4().hex[:6]}", tmp_path / "store"
+    open_form(page, ui)
+    form = page.locator("main, body").first.inner_text()
+    assert "/runs/RUN_NAME/" in form and "/runs//" not in form, "the run_name description must survive the markdown"
+    assert "wins over the form's top 'Run Name'" in form
+    assert "is a const" not in form, "'auto' must read as a choice"
+    assert "Seconds between looks at the job's status" in form, "poll_s has a description"
+    assert "digits: hidden" in form, "recipe_params lists the recipe's options"
+    field(page, "Run Name (Optional)").fill(run_name)
+    field(page, "Store (Optional)").fill(str(store))
+    field(page, "Max Epochs (Optional)").fill("2")
+    field(page, "Max Usd (Optional)").fill("1")
+    steps = page.locator("xpath=//span[contains(@class,'schema-form-property__label') and normalize-space()="
+                         "'Preempt After Steps (Optional)']/ancestor::div[contains(concat(' ',@class,' '),"
+                         "' schema-form-property ')][1]")
+    steps.get_by_role("button", name="int", exact=True).click()
+    field(page, "Preempt After Steps (Optional)").fill("20")  # one preemption, so the logs show a resume
+    field(page, "Preempt Grace S (Optional)").fill("20")
+    field(page, "poll_s (Optional)").fill("0.5")
+    snap(page, shots, "01-train-form")
+    page.get_by_role("button", name="Submit").click()
+    page.wait_for_url(re.compile(r"/deployments/deployment/"))  # the UI goes to the deployment's runs with a toast
+    page.get_by_text("scheduled to start").first.wait_for()
+    snap(page, shots, "02-submitted", full=False)
+    with ui.client() as client:
+        from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(
+            any_=[deployment_id(ui, "thrifty-train/train")])))
+    [flow_run_id] = [str(r.id) for r in runs if (r.parameters.get("config") or {}).get("run_name") == run_name]
+    page.goto(f"/runs/flow-run/{flow_run_id}")
+
+    flow_run = wait_final(ui, flow_run_id, ui.worker)
+    assert flow_run.state.is_completed(), \
+        f"{flow_run.state_name}: {flow_run.state.message}\n{tail(ui.home / 'worker.log')}"
+    assert flow_run.name == run_name and f"thrifty-run:{run_name}" in flow_run.tags
+    with ui.client() as client:
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+        same = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(
+            all_=[f"thrifty-run:{run_name}"])))
+    assert len(same) == 1, "one submit, one flow run"
+    assert flow_run.parameters["config"]["budget"]["max_usd"] == 1
+    assert flow_run.parameters["config"]["train"]["max_epochs"] == 2
+
+    page.reload()
+    page.get_by_text("Completed").first.wait_for()
+    page.get_by_text(f"thrifty-run:{run_name}").first.wait_for()
+    snap(page, shots, "03-flow-run-logs")
+    shown = page.locator("body").inner_text()
+    for line in ("attempt 1 ended: preempted", "attempt 2 started", r"resumed from step \d+ of \d+",
+                 f"Thrifty run {run_name}: its first flow run", r"spent \$[0-9.]+ of its \$1 budget"):
+        assert re.search(line, shown), f"{line!r} not in the run's logs in the UI:\n{run_logs(ui, flow_run_id)}"
+    assert "Traceback" not in shown
+    page.get_by_text("Artifacts", exact=True).first.click()  # the progress cards say spend against the budget
+    page.get_by_text(re.compile(r"\$[0-9.]+ of \$1 budget \(\d+%\)")).first.wait_for()
+    snap(page, shots, "03b-flow-run-artifacts", full=False)
+
+    keys = artifact_ids(ui, flow_run_id)
+    summary_key, attempts_key = f"thrifty-summary-{run_name}", f"thrifty-attempts-{run_name}"
+    assert {summary_key, attempts_key, "thrifty-savings"} <= set(keys), keys
+
+    page.goto(f"/artifacts/artifact/{keys[summary_key]}")
+    page.get_by_text("Loss and spend").first.wait_for()
+    chart = page.get_by_role("img", name="loss and spend over time")
+    chart.wait_for()
+    assert chart.evaluate("img => img.complete && img.naturalWidth") > 100, "the chart image must render"
+    text = page.locator("body").inner_text()
+    assert "2 in 1 job(s), 1 preemption(s) survived, 1 resume(s)" in text
+    assert "-0.00000" not in text and "0.0 h" not in text
+    assert re.search(r"best val_loss\s+\d+\.\d{4} at step", text), "best val_loss rounded like the final one"
+    snap(page, shots, "04-summary-artifact")
+
+    page.goto(f"/artifacts/artifact/{keys[attempts_key]}")
+    page.get_by_text("preempted", exact=True).first.wait_for()
+    page.get_by_text("succeeded", exact=True).first.wait_for()
+    assert _fits(page), "the attempts table must fit without scrolling sideways"
+    snap(page, shots, "05-attempts-artifact")
+
+    page.goto(f"/artifacts/artifact/{keys['thrifty-savings']}")
+    page.get_by_text(run_name, exact=True).first.wait_for()
+    assert _fits(page), "the savings table must fit without scrolling sideways"
+    snap(page, shots, "06-savings-artifact")
+    assert not page.blocked, f"the UI tried to reach beyond loopback: {page.blocked[:5]}"
+
+
+def _fits(page: Any) -> bool:
+    return page.evaluate("() => [...document.querySelectorAll('table')].every(t => "
+                         "t.parentElement.scrollWidth <= t.parentElement.clientWidth + 1)")
+
+
+def test_a_bad_value_gets_a_clear_toast_and_a_bad_name_the_rule(ui, page, shots):
+    open_form(page, ui)
+    field(page, "Max Epochs (Optional)").fill("0")
+    page.get_by_role("button", name="Submit").click()
+    toast = page.get_by_text(re.compile("Validation failed for field 'config.train.max_epochs'"))
+    toast.first.wait_for()
+    assert "0 is less than the minimum of 1" in toast.first.inner_text()
+    snap(page, shots, "07-bad-value-toast", full=False)
+
+
+def test_nightly_run_is_named_by_its_date(ui, page, shots, tmp_path):
+    """Started as the schedule would (the deployment's config, '{date}' and all), on a small data set."""
+    with ui.client() as client:
+        dep = client.read_deployment_by_name("thrifty-train/nightly-retrain")
+        config = {**dep.parameters["config"], "store": str(tmp_path / "store"), "recipe_params": {"limit": 400},
+                  "train": {"max_epochs": 1}}
+        flow_run = client.create_flow_run_from_deployment(dep.id, parameters={"config": config, "poll_s": 0.5})
+    assert config["run_name"] == "nightly-{date}"
+    done = wait_final(ui, str(flow_run.id), ui.worker)
+    expected = f"nightly-{done.expected_start_time.astimezone(dt.timezone.utc):%Y%m%d}"
+    assert done.state.is_completed(), f"{done.state_name}: {done.state.message}"
+    assert done.name == expected
+    page.goto(f"/runs/flow-run/{flow_run.id}")
+    page.get_by_text(expected).first.wait_for()
+    assert "{date}" not in page.locator("body").inner_text().split("Parameters")[0]
+    snap(page, shots, "08-nightly-run", full=False)
+
+
+def test_a_manual_archive_run_previews(ui, page, shots, tmp_path):
+    """A manual run of weekly-archive keeps the deployment's dry_run (true); only its schedule applies."""
+    store = tmp_path / "store"
+    (store / "runs").mkdir(parents=True)
+    with ui.client() as client:
+        dep = client.read_deployment_by_name("thrifty-archive/weekly-archive")
+        [schedule] = dep.schedules
+        assert dep.parameters["dry_run"] is True and schedule.parameters == {"dry_run": False}
+        flow_run = client.create_flow_run_from_deployment(dep.id, parameters={"store": str(store)})
+    done = wait_final(ui, str(flow_run.id), ui.worker)
+    assert done.state.is_completed(), f"{done.state_name}: {done.state.message}"
+    assert done.parameters["dry_run"] is True
+    assert re.fullmatch(r"preview-archive-tier-\d{8}", done.name), done.name
+    page.goto(f"/runs/flow-run/{flow_run.id}")
+    page.get_by_text(done.name).first.wait_for()
+    snap(page, shots, "09-archive-preview-run", full=False)
+    keys = artifact_ids(ui, str(flow_run.id))
+    page.goto(f"/artifacts/artifact/{keys['thrifty-archive']}")
+    page.get_by_text(re.compile("dry run|preview", re.I)).first.wait_for()
+    snap(page, shots, "10-archive-preview-artifact")
+
+
+def test_deploy_says_the_missing_alert_block_as_a_next_step(ui):
+    out = ui.deploy_output
+    assert "next steps:" in out.stderr and "thrifty-run-failed' is NOT installed" in out.stderr
+    assert "--alerts-webhook" in out.stderr
+    again = subprocess.run([sys.executable, "-m", "thrifty.cli", "deploy", "--alerts-webhook",
+                            "http://127.0.0.1:9/hook"], cwd=Path(__file__).parent.parent, env=ui.env,
+                           capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stderr
+    assert "notification block custom-webhook/thrifty-alerts saved" in again.stderr
+    assert "automations installed: thrifty-budget-backstop, thrifty-run-failed" in again.stderr
+    assert "NOT installed" not in again.stderr
+
+
+def test_input_errors_say_the_fix_once_without_tracebacks(ui, page, shots, tmp_path):
+    """A recipe-option typo (refused by the flow) and parameters the flow's model refuses (the server's schema lets
+    them through): each run ends failed with its fix in the message and no traceback in its logs."""
+    store = str(tmp_path / "store")
+    cases = {"typo": ({"run_name": "typo", "store": store, "recipe_params": {"hiden": 256}}, "Known options"),
+             "bad-thresholds": ({"run_name": "bad-thresholds", "store": store,
+                                 "budget": {"thresholds": [0.8, 0.5]}}, "strictly increasing"),
+             "bad name": ({"run_name": "bad name!", "store": store}, "must be 1-63 letters")}
+    with ui.client() as client:
+        dep = client.read_deployment_by_name("thrifty-train/train")
+        started = {case: client.create_flow_run_from_deployment(dep.id, parameters={"config": config})
+                   for case, (config, _) in cases.items()}
+    for case, flow_run in started.items():
+        done = wait_final(ui, str(flow_run.id), ui.worker)
+        assert done.state.is_failed() and cases[case][1] in done.state.message, (case, done.state.message)
+        logs = run_logs(ui, str(flow_run.id))
+        assert "Traceback" not in logs, f"{case}:\n{logs}"
+        assert "starting: budget" not in logs or case == "typo", "no projection for parameters the flow refused"
+    page.goto(f"/runs/flow-run/{started['typo'].id}")
+    page.get_by_text("Known options").first.wait_for()
+    assert "Traceback" not in page.locator("body").inner_text()
+    snap(page, shots, "11-typo-run", full=False)

@@ -1,0 +1,125 @@
+"""The loss-and-spend chart of a run: its training curve (one point per step, the attempt that survived winning)
+and the run's cumulative spend as training went on, drawn as a small SVG against the optimizer step.
+
+The Prefect UI (3.8.8) strips inline ``<svg>`` from markdown artifacts but shows a markdown image whose source is
+a ``data:image/svg+xml;base64`` URI, so :func:`markdown_image` is how the report embeds it (checked in a real
+browser by tests/test_ui_browser.py). Pure functions, no plotting library.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any, Iterable
+from xml.sax.saxutils import escape
+
+from thrifty.ledger import Attempt
+
+WIDTH, HEIGHT = 640, 240
+PAD_L, PAD_R, PAD_T, PAD_B = 56, 64, 28, 36  # room for the loss axis (left), the spend axis (right), title, time axis
+LOSS_COLOUR, SPEND_COLOUR = "#2563eb", "#d97706"
+
+
+@dataclass(frozen=True)
+class Point:
+    step: int
+    time_unix: float
+    loss: float
+    spend_usd: float
+
+
+def training_curve(metrics: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One loss record per step, in step order. A preempted attempt logs steps past its last checkpoint that the
+    resumed attempt trains again: the later record of a step (the one the final weights descend from) wins."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for rec in sorted((m for m in metrics if m.get("event") is None and "loss" in m and "step" in m),
+                      key=lambda m: m.get("time_unix", 0.0)):
+        by_step[int(rec["step"])] = rec
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def spend_at(attempts: list[Attempt], t: float) -> float:
+    """Dollars the run's attempts had cost by wall time ``t``."""
+    return sum(max(0.0, min(t, a.ended_unix or t) - a.started_unix) / 3600 * a.usd_per_hour * a.nodes
+               for a in attempts if a.started_unix <= t)
+
+
+def sample(rows: list[Any], points: int) -> list[Any]:
+    """Up to ``points`` rows spread evenly, always the first and the last, none twice."""
+    if len(rows) <= points:
+        return list(rows)
+    picked = sorted({round(i * (len(rows) - 1) / (points - 1)) for i in range(points)})
+    return [rows[i] for i in picked]
+
+
+def series(metrics: Iterable[dict[str, Any]], attempts: list[Attempt]) -> list[Point]:
+    return [Point(int(r["step"]), float(r["time_unix"]), float(r["loss"]), spend_at(attempts, r["time_unix"]))
+            for r in training_curve(metrics)]
+
+
+def _scale(lo: float, hi: float, a: float, b: float):
+    span = hi - lo or 1.0
+    return lambda v: a + (v - lo) / span * (b - a)
+
+
+def _fmt_usd(v: float) -> str:
+    return f"${v:.2f}" if v >= 1 else f"${v:.4f}" if v >= 0.0001 else f"${v:.6f}"
+
+
+def _fmt_minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def svg(points: list[Point], max_usd: float | None = None, resumed_at_steps: Iterable[int] = ()) -> str:
+    """Loss (left axis) and cumulative spend (right axis) against the optimizer step, with the wall time the steps
+    took; dashed verticals where an attempt resumed (spend jumps there: the restart was paid for)."""
+    if not points:
+        return ""
+    t0 = points[0].time_unix
+    t1 = max(p.time_unix for p in points)
+    first, last = points[0].step, points[-1].step
+    x = _scale(first, last, PAD_L, WIDTH - PAD_R)
+    lo, hi = min(p.loss for p in points), max(p.loss for p in points)
+    y_loss = _scale(lo, hi, HEIGHT - PAD_B, PAD_T)
+    top_usd = max(max(p.spend_usd for p in points), 1e-12)
+    y_usd = _scale(0.0, top_usd, HEIGHT - PAD_B, PAD_T)
+    loss_line = " ".join(f"{x(p.step):.1f},{y_loss(p.loss):.1f}" for p in points)
+    spend_line = " ".join(f"{x(p.step):.1f},{y_usd(p.spend_usd):.1f}" for p in points)
+    bottom, right = HEIGHT - PAD_B, WIDTH - PAD_R
+    text = 'font-family="sans-serif" font-size="12"'
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}">',
+        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
+        f'<line x1="{PAD_L}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#9ca3af"/>',
+        f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{bottom}" stroke="{LOSS_COLOUR}"/>',
+        f'<line x1="{right}" y1="{PAD_T}" x2="{right}" y2="{bottom}" stroke="{SPEND_COLOUR}"/>',
+        f'<text x="{PAD_L}" y="18" {text} fill="{LOSS_COLOUR}">loss {points[0].loss:.3f} → {points[-1].loss:.3f}'
+        f' (step {points[-1].step})</text>',
+        f'<text x="{right}" y="18" {text} fill="{SPEND_COLOUR}" text-anchor="end">spend '
+        f'{escape(_fmt_usd(points[-1].spend_usd))}' + (f' of {escape(_fmt_usd(max_usd))} budget' if max_usd else "")
+        + '</text>',
+        f'<text x="{PAD_L - 6}" y="{PAD_T + 4}" {text} fill="{LOSS_COLOUR}" text-anchor="end">{hi:.2f}</text>',
+        f'<text x="{PAD_L - 6}" y="{bottom}" {text} fill="{LOSS_COLOUR}" text-anchor="end">{lo:.2f}</text>',
+        f'<text x="{right + 6}" y="{PAD_T + 4}" {text} fill="{SPEND_COLOUR}">{escape(_fmt_usd(top_usd))}</text>',
+        f'<text x="{right + 6}" y="{bottom}" {text} fill="{SPEND_COLOUR}">$0</text>',
+        f'<text x="{PAD_L}" y="{HEIGHT - 12}" {text} fill="#374151">step {first}</text>',
+        f'<text x="{(PAD_L + right) / 2:.0f}" y="{HEIGHT - 12}" {text} fill="#374151" text-anchor="middle">'
+        f'{escape(_fmt_minutes(t1 - t0))} of wall time</text>',
+        f'<text x="{right}" y="{HEIGHT - 12}" {text} fill="#374151" text-anchor="end">step {last}</text>',
+    ]
+    for step in resumed_at_steps:
+        if first < step <= last:
+            parts.append(f'<line x1="{x(step):.1f}" y1="{PAD_T}" x2="{x(step):.1f}" y2="{bottom}" stroke="#6b7280" '
+                         f'stroke-dasharray="4 3"/>')
+            parts.append(f'<text x="{x(step) + 4:.1f}" y="{bottom - 6}" {text} fill="#6b7280">resumed</text>')
+    parts += [
+        f'<polyline points="{spend_line}" fill="none" stroke="{SPEND_COLOUR}" stroke-width="2"/>',
+        f'<polyline points="{loss_line}" fill="none" stroke="{LOSS_COLOUR}" stroke-width="2"/>',
+        "</svg>",
+    ]
+    return "".join(parts)
+
+
+def markdown_image(svg_text: str, alt: str) -> str:
+    """A markdown image of ``svg_text`` as a data URI: what the Prefect UI renders (inline SVG it strips)."""
+    return f"![{alt}](data:image/svg+xml;base64,{base64.b64encode(svg_text.encode()).decode()})"
