@@ -13,7 +13,7 @@ import torch
 
 import recipes_custom
 from conftest import PYTHON, REPO, python_env
-from thrifty.config import ConfigError, build_config
+from thrifty.config import ConfigError, RunConfig, build_config
 from thrifty.storage import FileStore
 from training.data import cache_key, ensure_shards
 from training.loop import train
@@ -26,7 +26,7 @@ from training.validate import check_config
 SMALL = {"hidden": 32, "limit": 600}
 
 
-def config(tmp_path: Path, recipe: str, **train) -> "RunConfig":  # noqa: F821
+def config(tmp_path: Path, recipe: str, **train) -> RunConfig:
     return build_config({
         "run_name": "custom", "recipe": recipe, "recipe_params": SMALL, "store": str(tmp_path / "store"),
         "train": {"max_epochs": 2, "micro_batch": 32, "precision": "fp32", "checkpoint_every": 10, "log_every": 5,
@@ -121,12 +121,10 @@ def test_two_recipes_in_one_module_keep_their_own_shards(tmp_path: Path) -> None
     assert ensure_shards(store, wider, params).hit
 
 
-def test_cache_key_follows_the_helpers_preprocess_uses(tmp_path: Path, monkeypatch) -> None:
-    recipe = resolve_recipe("digits")
-    params = recipe.parse_params({})
-    before = recipe.preprocessing_source()
-    assert "def fingerprint_raw" in before and "def _raw_file" in before  # a helper it calls is hashed
-    assert "def build_model" not in before and "def step" not in before  # the model is not
+def test_cache_key_follows_the_helpers_preprocess_uses() -> None:
+    source = resolve_recipe("digits").preprocessing_source()
+    assert "def fingerprint_raw" in source and "def _raw_file" in source  # a helper it calls is hashed
+    assert "def build_model" not in source and "def step" not in source  # the model is not
 
 
 def test_default_schedule_floor_and_shapes() -> None:
