@@ -66,9 +66,11 @@ def render_summary(run_id: str, prep: PrepResult, smoke: SmokeResult, estimate: 
         "",
         "| | |",
         "|---|---|",
-        f"| preprocessing cache | {'hit' if prep.hit else 'miss'} (key `{prep.key}`, {prep.seconds} s) |",
+        f"| preprocessing cache | {'hit' if prep.hit else 'miss'} (key `{prep.key}`, {prep.seconds} s) |" if not prep.note
+        else f"| preprocessing cache | none ({prep.note}) |",
         f"| smoke test | passed: {smoke.steps} steps on CPU, {smoke.precision_checked} autocast, "
-        f"{smoke.cpu_step_time_s} s/step |",
+        f"{smoke.cpu_step_time_s} s/step |" if prep.note == "" else
+        f"| smoke test | passed: {smoke.steps} steps on CPU, saved and resumed, {smoke.cpu_step_time_s} s/step |",
         f"| estimate before launch | ${estimate.usd:.5f} ({estimate.assumption}) |",
         f"| job | `{job.job_id}` {job.state}: {job.message} |",
         f"| attempts | {len(job.attempts)} ({job.preemptions} preemption(s) survived) |",

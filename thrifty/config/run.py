@@ -20,7 +20,7 @@ RECIPE_PATTERN = r"^([A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"
 PATTERN_HELP = {
     RUN_NAME_PATTERN: "must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit; "
                       "'{date}' is replaced by the run's scheduled date (YYYYMMDD), e.g. 'nightly-{date}'",
-    RECIPE_PATTERN: "must be a built-in name (digits, codelm) or 'package.module:function'",
+    RECIPE_PATTERN: "must be a built-in name (digits, codelm, script) or 'package.module:function'",
 }
 
 
@@ -33,7 +33,8 @@ class RunConfig(_Frozen):
         "'{date}' becomes the run's scheduled date, so a nightly deployment trains a new run each night.",
     )
     recipe: str = Field("digits", pattern=RECIPE_PATTERN,
-                        description="digits | codelm | 'package.module:function' returning a Recipe.")
+                        description="digits | codelm | script (your own command, recipe_params.command) | "
+                        "'package.module:function' returning a Recipe.")
     recipe_params: dict[str, Any] = Field(default_factory=dict, description="Recipe options (validated by the recipe).")
     store: StoreUri = Field(".thrifty/store", description="Where shards, checkpoints and ledgers go: a path, file://, s3://, gs://, az://.")
     train: TrainConfig = Field(default_factory=TrainConfig)
