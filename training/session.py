@@ -236,10 +236,8 @@ class Session:
         step = int(step)
         self._start()
         total = metrics.pop("total_steps", None)
-        if total is not None and int(total) != self.total_steps:
-            cap = self.cfg.train.max_steps
-            self.total_steps = min(int(total), cap) if cap else int(total)
-            self._emit({"event": "total_steps", "step": step, "total_steps": self.total_steps})
+        if total is not None:
+            self.set_total_steps(int(total))
         if self.step_limit is not None and step > self.step_limit:
             raise ScriptError(f"the script went on to step {step} past the step limit {self.step_limit}: call "
                               "sess.should_stop() after every step and stop when it says so")
@@ -281,6 +279,16 @@ class Session:
                 best = self.stopper.update(evals[es.metric], step)
             self._emit({"event": "eval", "step": step, **evals, **({"best": best} if best is not None else {})})
         if self.step_limit is not None or self.status.logs == 1:
+            self._write_status()
+
+    def set_total_steps(self, total: int) -> None:
+        """The run's length (optimizer steps), for progress and the budget projection; ``train.max_steps`` caps it."""
+        cap = self.cfg.train.max_steps
+        total = min(int(total), cap) if cap else int(total)
+        if total != self.total_steps:
+            self.total_steps = total
+            self.status = self.status.model_copy(update={"total_steps": total})
+            self._emit({"event": "total_steps", "step": self.step, "total_steps": total})
             self._write_status()
 
     def step_time_s(self) -> float | None:
