@@ -100,6 +100,16 @@ def test_the_example_validates_and_the_gate_needs_a_length(monkeypatch):
         script_total_steps(cfg, reported=None)
 
 
+def test_the_session_api_loads_no_torch_until_init():
+    import subprocess
+
+    probe = "import sys, thrifty.session, thrifty.script\nprint(sorted(m for m in ('torch', 'prefect') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], env=python_env(), cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 # ---------------------------------------------------------------- the smoke test
 
 

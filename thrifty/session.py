@@ -5,7 +5,7 @@ In the script (run by ``recipe: script``, or by hand with a config for local dev
     from thrifty import session
 
     sess = session.init(total_steps=1000)         # $THRIFTY_RUN_CONFIG on a node, or --config FILE / a path
-    model, opt = build(); sess.seed()             # seeds from train.seed
+    sess.seed(); model, opt = build()             # seeds from train.seed
     step, state = sess.load_latest() or (0, None) # the run's newest complete checkpoint (RNG restored too)
     if state: model.load_state_dict(state["model"]); opt.load_state_dict(state["optimizer"])
     while step < sess.total_steps:

@@ -28,8 +28,8 @@ import torch
 from thrifty.config import ConfigError, RunConfig, config_from_env, load_config
 from thrifty.meter import NodeMeter
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET
-from thrifty.runs import BestMetric, RunSummary, write_summary
-from thrifty.script import ENV_STATUS, ENV_STEP_LIMIT, SessionStatus, script_params
+from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
+from thrifty.script import ENV_STATUS, ENV_STEP_LIMIT, SessionStatus, is_script, script_params
 from thrifty.storage import open_store
 from training.checkpoint import CheckpointManager
 from training.data import epoch_permutation
@@ -93,6 +93,9 @@ class Session:
     def __init__(self, cfg: RunConfig, total_steps: int | None = None):
         if "{date}" in cfg.run_name:  # started by hand with a dated name: today's run, as `thrifty train` does
             cfg = cfg.resolved(dt.datetime.now(dt.timezone.utc).date())
+        if not is_script(cfg):
+            raise ScriptError(f"thrifty.session runs the command of a `recipe: script` config; this one has recipe "
+                              f"{cfg.recipe!r}. Set recipe: script and recipe_params.command to the script's command")
         self.cfg = cfg
         self.params = script_params(cfg)
         tc, es = cfg.train, cfg.train.early_stopping
@@ -131,7 +134,7 @@ class Session:
         self.meter: NodeMeter | None = None
         self.metrics: MetricsWriter | None = None
         if self.is_main:
-            swept = self.store.sweep(f"runs/{self.run_id}")
+            swept = self.store.sweep(run_key(self.run_id))
             if swept:
                 log.info("removed %d file(s) a killed writer of run %r left behind", swept, self.run_id)
             self.meter = NodeMeter.from_env(self.store, cfg)
@@ -428,5 +431,12 @@ class Session:
 
 
 def init(config: str | Path | RunConfig | None = None, *, total_steps: int | None = None) -> Session:
-    """The session of this run (see ``thrifty.session``)."""
-    return Session(_config_from(config), total_steps=total_steps)
+    """The session of this run (see ``thrifty.session``). A config or lease problem (exit 2, e.g. another trainer
+    holds the run) is told to the wrapper too, so the job is not restarted for it."""
+    try:
+        return Session(_config_from(config), total_steps=total_steps)
+    except ConfigError as exc:
+        if os.environ.get(ENV_STATUS):
+            SessionStatus(pid=os.getpid(), closed=True, ended="bad_input", exit_code=EXIT_BAD_INPUT,
+                          message=str(exc)).write(os.environ[ENV_STATUS])
+        raise
