@@ -160,7 +160,7 @@ def script_total_steps(cfg: RunConfig, reported: int | None) -> int:
 class SessionStatus(BaseModel):
     """What the session in the script tells the wrapper that started it (``$THRIFTY_SESSION_STATUS``)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     pid: int = 0
     closed: bool = False  # the session ended (normally or not); else the script died under it

@@ -105,6 +105,9 @@ def job_exit_code(code: int, status: SessionStatus | None, forwarded: bool) -> t
         return (code if code > 0 else EXIT_FAILED), f"the command failed with exit code {code} before its session began"
     if status.exit_code == EXIT_BAD_INPUT:  # the session's verdict: the script loses work; a restart cannot help
         return EXIT_BAD_INPUT, status.message
+    if code == 0 and not status.closed:  # os._exit, or a session that never reached its end
+        return EXIT_BAD_INPUT, ("the command exited 0 but its session never ended (os._exit?): thrifty cannot tell "
+                                "whether the run finished. Let the script return normally, or call sess.close()")
     if code == 0:
         return (status.exit_code or EXIT_OK), status.message
     if code < 0 and forwarded:

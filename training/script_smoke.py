@@ -84,7 +84,7 @@ def smoke_script(cfg: RunConfig) -> SmokeResult:
         cpu_step_time_s=round(statistics.median(times), 5) if times else 0.0,
         examples_per_step=cfg.train.examples_per_step(world_size(cfg)),  # the gate's scale: one script step
         parameters=0,  # the script's model is its own
-        precision_checked="the script's own",
+        precision_checked="none (the script's own)",
         cache_key="",
         total_steps=second.total_steps or first.total_steps,
     )
