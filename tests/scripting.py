@@ -22,9 +22,9 @@ def write_config(tmp: Path, run_name: str, command: str, **train: Any) -> Path:
     return path
 
 
-def start(config: Path, cwd: Path) -> subprocess.Popen:
+def start(config: Path, cwd: Path, **env: str) -> subprocess.Popen:
     """The node program for ``config``, in a process group of its own (a kill takes the script with it)."""
-    return subprocess.Popen([PYTHON, "-m", "training", "--config", str(config)], env=python_env(), cwd=cwd,
+    return subprocess.Popen([PYTHON, "-m", "training", "--config", str(config)], env={**python_env(), **env}, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

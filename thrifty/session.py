@@ -12,9 +12,10 @@ In the script (run by ``recipe: script``, or by hand with a config for local dev
         idx = sess.batch_indices(step, n_examples, batch_size)  # resumable data order
         ...; step += 1
         sess.log(step, loss=loss)                 # metrics, progress, the budget projection, early stopping
-        if sess.should_save(step) or sess.should_stop():
+        stop = sess.should_stop()                 # spot notice, budget cap, early stop, step limit: once a step
+        if stop or sess.should_save(step):
             sess.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, step)
-        if sess.should_stop():                    # spot notice, budget cap, early stop, step limit
+        if stop:
             break
 
 The implementation lives in ``training.session`` (it needs torch); this module names it by module

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from thrifty.config import ConfigError, RunConfig, config_from_env, load_config
+from thrifty.faults import fault_point
 from thrifty.meter import NodeMeter
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
@@ -237,6 +238,7 @@ class Session:
         steps, averaged), ``val_*`` an evaluation (and early stopping on ``train.early_stopping.metric``);
         ``total_steps=N`` tells the run's length."""
         step = int(step)
+        fault_point("step")  # crash tests: a kill -9 after a step, before it is logged or saved
         self._start()
         total = metrics.pop("total_steps", None)
         if total is not None:

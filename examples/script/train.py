@@ -54,7 +54,8 @@ while step < sess.total_steps:
         model.train()
         sess.log(step, val_loss=torch.nn.functional.cross_entropy(logits, y_val).item(),
                  val_accuracy=(logits.argmax(1) == y_val).float().mean().item())
-    if sess.should_save(step) or sess.should_stop() or step == sess.total_steps:
+    stop = sess.should_stop()  # a spot notice, the budget cap, early stopping or a step limit: asked once a step
+    if stop or sess.should_save(step) or step == sess.total_steps:
         sess.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, step)
-    if sess.should_stop():  # a spot notice, the budget cap, early stopping or a step limit
+    if stop:
         break
