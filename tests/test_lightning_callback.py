@@ -18,7 +18,7 @@ SCRIPT = REPO / "examples" / "script" / "lightning_train.py"
 
 def test_lightning_resumes_after_kill_and_loses_no_step_on_sigterm(tmp_path):
     store = tmp_path / "store"
-    config = write_config(tmp_path, "lit", f"python {SCRIPT} --epochs 2")  # 2 x 44 batches
+    config = write_config(tmp_path, "lit", f"python {SCRIPT} --epochs 4")  # 4 x 44 batches: room for the signals
 
     t0 = time.time()
     proc = start(config, tmp_path)
@@ -44,4 +44,4 @@ def test_lightning_resumes_after_kill_and_loses_no_step_on_sigterm(tmp_path):
     assert starts(store, "lit") == [0, killed_at, reached], "each attempt resumed from the last COMMIT"
     done = summary(store, "lit")
     assert done["status"] == "completed" and done["resumes"] == 2
-    assert done["steps"] == done["total_steps"] == 88
+    assert done["steps"] == done["total_steps"] == 176
