@@ -34,12 +34,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = state.result()
     summary = out.summary
     table = Table(title=f"run {out.run_name}", show_header=False)
-    table.add_row("preprocessing cache", "hit" if out.cache_hit else "miss")
+    table.add_row("preprocessing cache", "none (script mode)" if cfg.recipe == "script" else
+                  "hit" if out.cache_hit else "miss")
     if out.already_finished:
         table.add_row("launch", "skipped: this run already finished with this config (change a train setting to "
                                 "continue it, or use a new run_name to train again)")
     else:
-        table.add_row("smoke test", f"passed ({out.smoke.steps} steps, {out.smoke.precision_checked} autocast)")
+        table.add_row("smoke test", f"passed ({out.smoke.steps} steps, saved and resumed)" if cfg.recipe == "script"
+                      else f"passed ({out.smoke.steps} steps, {out.smoke.precision_checked} autocast)")
         table.add_row("attempts", f"{len(out.job.attempts)} ({out.job.preemptions} preemption(s) survived, "
                                   f"resumed {summary.resumes if summary else 0} time(s))")
     if summary is not None:

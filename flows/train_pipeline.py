@@ -1,5 +1,7 @@
 """The main job: preprocess (cached) -> smoke test on CPU -> budget gate -> launch and watch -> report.
 
+Script mode (``recipe: script``) has no preprocessing step: the command reads its own data.
+
 Every way a run can end is a state with a message and no traceback: Completed; Failed named
 ``BadInput`` (a setting to change, before anything was rented); Failed named ``StoppedAtCap``
 (the budget ran out; the report is written and the checkpoint kept); Failed (the job failed).
@@ -26,8 +28,9 @@ from thrifty.budget import spend_usd
 from thrifty.config import RunConfig
 from thrifty.ledger import read_attempts
 from thrifty.preflight import check_before_spending
-from thrifty.results import PipelineResult
+from thrifty.results import PipelineResult, PrepResult
 from thrifty.runs import finished_summary
+from thrifty.script import is_script
 from thrifty.storage import open_store
 from training.validate import check_config
 
@@ -87,11 +90,15 @@ def pipeline(config: RunConfig, poll_s: float) -> PipelineResult | State:
     held = lease.read(store, config.run_name)
     if held is not None and held.live(time.time()):  # said now, not after preprocessing and a smoke test
         raise lease.LeaseHeld(config.run_name, held, time.time())
-    prep_state = preprocess(config, return_state=True)
-    prep = outcome_of(prep_state)
-    if prep_state.name == "Cached":
-        prep = prep.model_copy(update={"hit": True})  # Prefect's own cache: the shards were there
-    logger.info("preprocessing cache %s: %s", "hit" if prep.hit else "miss", prep.key)
+    if is_script(config):  # the user's command reads its own data: no cache step
+        prep = PrepResult.none("script mode: the command reads its own data")
+        logger.info("preprocessing: none (%s)", prep.note)
+    else:
+        prep_state = preprocess(config, return_state=True)
+        prep = outcome_of(prep_state)
+        if prep_state.name == "Cached":
+            prep = prep.model_copy(update={"hit": True})  # Prefect's own cache: the shards were there
+        logger.info("preprocessing cache %s: %s", "hit" if prep.hit else "miss", prep.key)
 
     done = finished_summary(store, config.run_name, config.training_fingerprint())
     if done is not None:  # relaunching would rent a machine only to load the last checkpoint and exit

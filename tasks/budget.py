@@ -12,6 +12,7 @@ from thrifty.estimate import Estimate, estimate_run, gate
 from thrifty.ledger import read_attempts
 from thrifty.pricing import quote_emulated
 from thrifty.results import PrepResult, SmokeResult
+from thrifty.script import is_script, script_total_steps
 from thrifty.storage import open_store
 from thrifty.throughput import measured_speeds, speed_key, speeds_for
 
@@ -23,7 +24,10 @@ def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Est
     c = config.compute
     store = open_store(config.store)
     world = world_size(config)
-    total = config.train.total_steps(prep.examples["train"], world)
+    if is_script(config):  # the script's own data: its length as it reported it, or as the config says
+        total = script_total_steps(config, smoke.total_steps)
+    else:
+        total = config.train.total_steps(prep.examples["train"], world)
     saved = checkpoints.committed(store, config.run_name)
     done = min(total, saved[-1].step) if saved else 0
     per_example_s = smoke.cpu_step_time_s / smoke.examples_per_step

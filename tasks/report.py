@@ -62,9 +62,11 @@ def render_summary(run_id: str, prep: PrepResult, smoke: SmokeResult, estimate: 
     preemptions = sum(1 for a in attempts if a.end_reason == "preempted")
     jobs = len(dict.fromkeys(a.job_id for a in attempts))
     rows = [
-        ("preprocessing cache", f"{'hit' if prep.hit else 'miss'} ({prep.seconds:.1f} s, key `{prep.key[:12]}`)"),
-        ("smoke test", f"passed: {smoke.steps} steps on CPU, {smoke.precision_checked}, "
-                       f"{smoke.cpu_step_time_s:.4f} s/step"),
+        ("preprocessing cache", f"none ({prep.note})" if prep.note else
+         f"{'hit' if prep.hit else 'miss'} ({prep.seconds:.1f} s, key `{prep.key[:12]}`)"),
+        ("smoke test", f"passed: {smoke.steps} steps on CPU, "
+                       + ("saved and resumed" if prep.note else smoke.precision_checked)
+                       + f", {smoke.cpu_step_time_s:.4f} s/step"),
         ("estimate before launch", f"${usd(estimate.usd)} (see the assumptions below)"),
         *([("hardware", estimate.choice)] if estimate.choice else []),
         ("job", f"`{job.job_id}` {job.state.lower()}: {job.message}"),

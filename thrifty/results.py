@@ -30,6 +30,12 @@ class PrepResult(_Result):
     cold_seconds: float  # what preprocessing costs without the cache
     examples: dict[str, int]  # examples per split
     bytes: int  # shard bytes in the store
+    note: str = ""  # why there is no cache entry (script mode reads its own data)
+
+    @classmethod
+    def none(cls, why: str) -> "PrepResult":
+        """No preprocessing step (script mode): an empty entry that says why."""
+        return cls(key="", hit=False, seconds=0.0, cold_seconds=0.0, examples={}, bytes=0, note=why)
 
 
 class SmokeResult(_Result):
@@ -44,6 +50,7 @@ class SmokeResult(_Result):
     precision_checked: str
     cache_key: str
     metrics_checked: list[str] = []  # every metric an evaluation reports, produced once on every eval split
+    total_steps: int | None = None  # the run's length as the script reported it (script mode)
 
 
 class JobOutcome(_Result):

@@ -123,6 +123,8 @@ def latest_progress(records: list[dict[str, Any]]) -> dict[str, Any]:
             out.update(total_steps=rec["total_steps"], step=rec["step"])
         elif event == "eval":
             out["eval"] = {k: v for k, v in rec.items() if k.startswith("val_")}
+        elif event == "total_steps":  # script mode: the script told its length after it started
+            out["total_steps"] = rec["total_steps"]
         elif event in ("checkpoint", "interrupted", "end"):
             out["step"] = max(out.get("step", 0), rec.get("step", rec.get("steps", 0)))
     return out

@@ -27,10 +27,16 @@ def config_to_train(args: argparse.Namespace) -> RunConfig:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from thrifty.script import is_script
     from training.loop import train
 
     setup_logging()
-    result = train(config_to_train(args))
+    cfg = config_to_train(args)
+    if is_script(cfg):  # the user's own command under the node's signals and exit codes
+        from training.script import run_script
+
+        return run_script(cfg)
+    result = train(cfg)
     if result.summary is not None:
         print(result.summary.model_dump_json(indent=2))
     elif result.status == "interrupted":
@@ -45,10 +51,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_smoke(args: argparse.Namespace) -> int:
     """The smoke test alone (no Prefect): preprocess if needed, a few CPU steps, a checkpoint round trip."""
     from training.smoke import SmokeTestFailed, smoke_test
+    from training.script_smoke import smoke_any
 
     setup_logging()
     try:
-        result = smoke_test(config_to_train(args))
+        result = smoke_any(config_to_train(args), smoke_test)
     except SmokeTestFailed as exc:
         print(f"smoke test failed: {exc}", file=sys.stderr)
         return EXIT_FAILED

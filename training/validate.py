@@ -11,12 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from thrifty.config import ConfigError, RunConfig
+from thrifty.script import ScriptParams, check_script, is_script
 from training.data import manifest_sizes
 from training.recipes.base import Recipe, RecipeError, RecipeParams, resolve_recipe
 
 
-def check_config(cfg: RunConfig) -> tuple[Recipe, RecipeParams]:
-    """The recipe and its parsed options, or a ConfigError naming the setting to change."""
+def check_config(cfg: RunConfig) -> tuple[Recipe | None, RecipeParams | ScriptParams]:
+    """The recipe and its parsed options, or a ConfigError naming the setting to change. Script mode
+    (``recipe: script``) has no Recipe: its command is checked instead (``thrifty.script.check_script``)."""
+    if is_script(cfg):
+        return None, check_script(cfg)
     recipe = resolve_recipe(cfg.recipe)
     params = recipe.parse_params(cfg.recipe_params)
     valid_metrics = recipe.metric_names()

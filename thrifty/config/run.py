@@ -22,7 +22,7 @@ RECIPE_PATTERN = r"^([A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"
 PATTERN_HELP = {
     RUN_NAME_PATTERN: "must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit; "
                       "'{date}' is replaced by the run's scheduled date (YYYYMMDD), e.g. 'nightly-{date}'",
-    RECIPE_PATTERN: "must be a built-in name (digits, codelm) or 'package.module:function'",
+    RECIPE_PATTERN: "must be a built-in name (digits, codelm, script) or 'package.module:function'",
 }
 
 
@@ -37,13 +37,15 @@ class RunConfig(_Frozen):
         "digit. The flow run is named after it when it starts: this field wins over the form's top 'Run Name'.",
     )
     recipe: str = Field("digits", pattern=RECIPE_PATTERN,
-                        description="digits | codelm | 'package.module:function' returning a Recipe.")
+                        description="digits | codelm | script (your own command, recipe_params.command) | "
+                        "'package.module:function' returning a Recipe.")
     recipe_params: dict[str, Any] = Field(
         default_factory=dict,
         description="The recipe's own options as JSON, checked before anything is rented; empty = its defaults. "
         "digits: hidden (MLP units, 128), dropout (0.1), val_fraction (0.2), split_seed, limit (first N examples). "
         "codelm: max_files, max_bytes, exclude_dirs, val_every, vocab_size (2048), min_frequency, seq_len (128), "
-        "n_layer (3), n_head (4), n_embd (128), dropout. E.g. {\"hidden\": 256}.",
+        "n_layer (3), n_head (4), n_embd (128), dropout. script: command (required), smoke_steps (3), "
+        "smoke_timeout_s, total_steps, env. E.g. {\"hidden\": 256}.",
     )
     store: StoreUri = Field(".thrifty/store", description="Where shards, checkpoints and ledgers go: a path, file://, s3://, gs://, az://.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="The training loop: epochs, batch, "

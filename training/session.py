@@ -1,0 +1,444 @@
+"""The session a training script of its own runs under (``thrifty.session.init()``): what the managed loop gives.
+
+The run's checkpoints through the same COMMIT protocol (``CheckpointManager``), the RNG streams
+saved and restored with them, a resumable data order, stop requests (a spot notice, the budget cap
+by the node's own meter, early stopping, the smoke test's step limit), the metric lines progress,
+reports and the budget projection read, the run's lease and, when the script ends, ``summary.json``.
+What the script did is told to the wrapper that started it (``training.script``) in a status file.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import hashlib
+import json
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from thrifty.config import ConfigError, RunConfig, config_from_env, load_config
+from thrifty.faults import fault_point
+from thrifty.meter import NodeMeter
+from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET
+from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
+from thrifty.script import ENV_STATUS, ENV_STEP_LIMIT, SessionStatus, is_script, script_params
+from thrifty.storage import open_store
+from training.checkpoint import CheckpointManager
+from training.data import epoch_permutation
+from training.early_stopping import EarlyStopping
+from training.loop import _check_compatible, one_trainer
+from training.progress import CheckpointSchedule, MetricsWriter
+from training.runtime import Dist, StopSignal, rng_state, seed_everything, set_rng_state, weights_sha256
+
+log = logging.getLogger("thrifty.session")
+
+INTERRUPTIONS = ("signal", "budget")  # stops that leave the run unfinished (it resumes); the others finish it
+
+
+class ScriptError(ConfigError):
+    """The script used the session in a way that loses work or money; the message says what to change."""
+
+
+def _config_from(config: Any) -> RunConfig:
+    if isinstance(config, RunConfig):
+        return config
+    if config is not None:
+        return load_config(config)
+    from_env = config_from_env(dict(os.environ))
+    if from_env is not None:
+        return from_env
+    argv = sys.argv[1:]
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            return load_config(argv[i + 1])
+        if arg.startswith("--config="):
+            return load_config(arg.split("=", 1)[1])
+    raise ConfigError("thrifty.session.init() found no RunConfig: run the script through `thrifty run` / `thrifty "
+                      "train` (they set $THRIFTY_RUN_CONFIG), pass --config FILE, or call init('run.yaml')")
+
+
+def state_sha256(state: Any) -> str:
+    """A hash of the weights a checkpoint holds: its 'model' (or 'state_dict') entry, else every tensor in it."""
+    if isinstance(state, dict):
+        for key in ("model", "state_dict"):
+            if isinstance(state.get(key), dict) and all(isinstance(v, torch.Tensor) for v in state[key].values()):
+                return weights_sha256(state[key])
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(obj: Any, path: str) -> None:
+        if isinstance(obj, torch.Tensor):
+            tensors[path] = obj
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{path}.{k}")
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(v, f"{path}.{i}")
+
+    walk(state, "")
+    return weights_sha256(tensors) if tensors else hashlib.sha256(b"").hexdigest()
+
+
+class Session:
+    """One process's part of a run. Create it with :func:`init`; end it with :meth:`close` (or let exit do it)."""
+
+    def __init__(self, cfg: RunConfig, total_steps: int | None = None):
+        if "{date}" in cfg.run_name:  # started by hand with a dated name: today's run, as `thrifty train` does
+            cfg = cfg.resolved(dt.datetime.now(dt.timezone.utc).date())
+        if not is_script(cfg):
+            raise ScriptError(f"thrifty.session runs the command of a `recipe: script` config; this one has recipe "
+                              f"{cfg.recipe!r}. Set recipe: script and recipe_params.command to the script's command")
+        self.cfg = cfg
+        self.params = script_params(cfg)
+        tc, es = cfg.train, cfg.train.early_stopping
+        self.run_id = cfg.run_name
+        self.dist = Dist.from_env()
+        self.is_main = self.dist.is_main
+        self.store = open_store(cfg.store)
+        self._lease = one_trainer(self.store, self.run_id, self.dist)  # a by-hand run takes the lease itself
+        self._lease.__enter__()
+        self._closed = False
+        self._crashed = False
+        self.status_path = os.environ.get(ENV_STATUS)
+        limit = os.environ.get(ENV_STEP_LIMIT)
+        self.step_limit = int(limit) if limit else None  # the smoke test's: more steps than this is an error
+        self.max_steps = min([n for n in (self.step_limit, tc.max_steps) if n], default=None)
+        reported = total_steps or self.params.total_steps
+        self.total_steps = min(reported, tc.max_steps) if reported and tc.max_steps else (reported or tc.max_steps)
+        self.step = 0
+        self.stop_reason: str | None = None
+        self.status = SessionStatus(pid=os.getpid(), total_steps=self.total_steps)
+        self.resumes = 0
+        self.checkpoints_written = 0
+        self.checkpoint_time_s = 0.0
+        self.base_train_time_s = 0.0
+        self.weights_sha256 = ""
+        self.last_eval: dict[str, float] = {}
+        self._metric: tuple[int, float] | None = None  # (step, value) of the early-stopping metric last logged
+        self._t0 = time.perf_counter()
+        self._last_log: tuple[int, float] | None = None
+        self._window: dict[str, list[float]] = {}
+        self._window_start = 0
+        self._started = False
+        self.stopper = EarlyStopping(es.mode, es.patience, es.min_delta, es.enabled)
+        self.ckpts = CheckpointManager(self.store, self.run_id, tc.keep_last, es.mode)
+        self.schedule = CheckpointSchedule(tc.checkpoint_every, tc.mean_time_between_preemptions_s, 0)
+        self.meter: NodeMeter | None = None
+        self.metrics: MetricsWriter | None = None
+        if self.is_main:
+            swept = self.store.sweep(run_key(self.run_id))
+            if swept:
+                log.info("removed %d file(s) a killed writer of run %r left behind", swept, self.run_id)
+            self.meter = NodeMeter.from_env(self.store, cfg)
+            self.metrics = MetricsWriter(self.store, self.run_id)
+            if self.meter is not None and self.meter.over_cap(save_s=0.0, step_s=0.0):
+                self.stop_reason = "budget"
+        self.stop = StopSignal().install()
+        self._excepthook = sys.excepthook
+        sys.excepthook = self._on_uncaught
+        atexit.register(self.close)
+        self._write_status()
+
+    # ------------------------------------------------------------------ checkpoints
+    def load_latest(self) -> tuple[int, Any] | None:
+        """``(step, state)`` of the run's newest complete checkpoint (the RNG streams restored as they were when
+        it was saved), or None for a fresh run."""
+        loaded = self.ckpts.load_latest()
+        if loaded is None:
+            self._start()
+            return None
+        info, saved = loaded
+        meta = saved.get("thrifty") if isinstance(saved, dict) else None
+        if meta is None:
+            raise ScriptError(f"run {self.run_id!r} has a checkpoint (step {info.step}) not written by a "
+                              "thrifty session; use a new run_name")
+        _check_compatible(self.cfg, json.loads(meta["config"]), self.run_id)
+        self.stopper.load_state_dict(meta["early_stopping"])
+        set_rng_state(meta["rng"])
+        self.step = info.step
+        self.resumes = int(meta["resumes"]) + 1
+        self.checkpoints_written = int(meta["checkpoints_written"])
+        self.checkpoint_time_s = float(meta["checkpoint_time_s"])
+        self.base_train_time_s = float(meta["train_time_s"])
+        self.weights_sha256 = meta["weights_sha256"]
+        self.last_eval = dict(meta.get("last_eval") or {})
+        if not self.total_steps and meta.get("total_steps"):
+            self.total_steps = int(meta["total_steps"])
+        self.schedule.follow(info.step, self.schedule.interval)
+        self.status = self.status.model_copy(update={"loaded_step": info.step, "step": info.step,
+                                                     "total_steps": self.total_steps})
+        self._start()
+        log.info("resumed run %r from step %d", self.run_id, info.step)
+        return info.step, saved["state"]
+
+    def save(self, state: Any, step: int) -> None:
+        """Checkpoint ``state`` (anything ``torch.load(weights_only=True)`` reads back: tensors, numbers, strings,
+        lists, dicts) as step ``step``, with the RNG streams and the session's own state; COMMIT written last."""
+        step = int(step)
+        self._start()
+        self.step = max(self.step, step)
+        if not self.is_main:
+            return
+        sha = state_sha256(state)
+        metric = self._metric[1] if self._metric and self._metric[0] == step else None
+        meta = {"step": step, "rng": rng_state(), "early_stopping": self.stopper.state_dict(),
+                "resumes": self.resumes, "checkpoints_written": self.checkpoints_written + 1,
+                "checkpoint_time_s": self.checkpoint_time_s, "train_time_s": self._train_time_s(),
+                "total_steps": self.total_steps, "config": self.cfg.model_dump_json(), "weights_sha256": sha,
+                "last_eval": self.last_eval}
+        save_s = self.ckpts.save({"state": state, "thrifty": meta}, step, metric)
+        self.checkpoints_written += 1
+        self.checkpoint_time_s += save_s
+        self.weights_sha256 = sha
+        self._emit({"event": "checkpoint", "step": step, "save_s": round(save_s, 4)})
+        plan = self.schedule.saved(step, save_s, self.step_time_s() or 0.0)
+        if plan:
+            self._emit(plan)
+            log.info("auto checkpoint interval: every %d steps", plan["steps"])
+        if self.metrics:
+            self.metrics.sync()
+        self.status = self.status.model_copy(update={"saves": self.status.saves + 1, "last_saved_step": step})
+        self._write_status()
+
+    def should_save(self, step: int) -> bool:
+        """Whether ``step`` is due for a checkpoint: every ``train.checkpoint_every`` steps, or Young/Daly (auto)."""
+        return self.schedule.due(int(step))
+
+    # ------------------------------------------------------------------ stopping
+    def should_stop(self) -> bool:
+        """True once the script must save and stop: a spot notice (SIGTERM), the budget cap, early stopping, or the
+        step limit (``train.max_steps``, the smoke test's). Ask after every step; save before stopping."""
+        if self.stop_reason is None:
+            if self.stop.signum is not None:
+                self.stop_reason = "signal"
+            elif self.max_steps is not None and self.step >= self.max_steps:
+                self.stop_reason = "step_limit"
+            elif self.stopper.stopped:
+                self.stop_reason = "early_stop"
+            elif self.meter is not None:
+                self.meter.beat()
+                if self.meter.over_cap(self.schedule.save_s or 0.0, self.step_time_s() or 0.0):
+                    self.stop_reason = "budget"
+            if self.stop_reason is not None:
+                log.warning("session: stop requested (%s) at step %d", self.stop_reason, self.step)
+        return self.stop_reason is not None
+
+    # ------------------------------------------------------------------ metrics
+    def log(self, step: int, **metrics: float) -> None:
+        """Metrics of ``step``: ``loss`` and the like become the run's metric lines (every ``train.log_every``
+        steps, averaged), ``val_*`` an evaluation (and early stopping on ``train.early_stopping.metric``);
+        ``total_steps=N`` tells the run's length."""
+        step = int(step)
+        fault_point("step")  # crash tests: a kill -9 after a step, before it is logged or saved
+        self._start()
+        total = metrics.pop("total_steps", None)
+        if total is not None:
+            self.set_total_steps(int(total))
+        if self.step_limit is not None and step > self.step_limit:
+            raise ScriptError(f"the script went on to step {step} past the step limit {self.step_limit}: call "
+                              "sess.should_stop() after every step and stop when it says so")
+        values = {k: float(v) for k, v in metrics.items()}
+        loss = values.get("loss")
+        if loss is not None and not math.isfinite(loss):
+            message = (f"the training loss became {loss} at step {step}: the run diverged. Lower the learning rate "
+                       "or check the data; the last checkpoint (before it) is kept.")
+            self.status = self.status.model_copy(update={"ended": "diverged", "exit_code": EXIT_BAD_INPUT,
+                                                         "message": message})
+            raise ScriptError(message)
+        now = time.perf_counter()
+        prev_step, prev_t = self._last_log or (self.step, self._t0)
+        times = list(self.status.step_times_s)
+        if step > prev_step:
+            times = (times + [round((now - prev_t) / (step - prev_step), 6)])[-50:]
+        self._last_log = (step, now)
+        self.step = max(self.step, step)
+        first = self.status.first_logged_step if self.status.first_logged_step is not None else step
+        losses = self.status.losses + ([round(loss, 6)] if loss is not None and len(self.status.losses) < 20 else [])
+        self.status = self.status.model_copy(update={"logs": self.status.logs + 1, "step": self.step,
+                                                     "first_logged_step": first, "step_times_s": times,
+                                                     "losses": losses, "total_steps": self.total_steps})
+        evals = {k: v for k, v in values.items() if k.startswith("val_")}
+        for k, v in values.items():
+            if k not in evals:
+                self._window.setdefault(k, []).append(v)
+        if self._window and (step - self._window_start >= self.cfg.train.log_every or evals):
+            line = {k: round(sum(v) / len(v), 6) for k, v in self._window.items()}
+            st = self.step_time_s()
+            self._emit({"step": step, **line, **({"step_time_s": round(st, 5)} if st else {})})
+            self._window, self._window_start = {}, step
+        if evals:
+            self.last_eval = evals
+            es = self.cfg.train.early_stopping
+            best = None
+            if es.metric in evals:
+                self._metric = (step, evals[es.metric])
+                best = self.stopper.update(evals[es.metric], step)
+            self._emit({"event": "eval", "step": step, **evals, **({"best": best} if best is not None else {})})
+        if self.step_limit is not None or self.status.logs == 1:
+            self._write_status()
+
+    def set_total_steps(self, total: int) -> None:
+        """The run's length (optimizer steps), for progress and the budget projection; ``train.max_steps`` caps it."""
+        cap = self.cfg.train.max_steps
+        total = min(int(total), cap) if cap else int(total)
+        if total != self.total_steps:
+            self.total_steps = total
+            self.status = self.status.model_copy(update={"total_steps": total})
+            self._emit({"event": "total_steps", "step": self.step, "total_steps": total})
+            self._write_status()
+
+    def step_time_s(self) -> float | None:
+        """The median seconds per step over the recent logged steps."""
+        return statistics.median(self.status.step_times_s) if self.status.step_times_s else None
+
+    # ------------------------------------------------------------------ helpers for bit-exact resume
+    def seed(self, offset: int = 0) -> None:
+        """Seed python, numpy and torch from ``train.seed`` (+ ``offset``); resumes restore the streams."""
+        seed_everything(self.cfg.train.seed + offset)
+
+    def batch_indices(self, step: int, n_examples: int, batch_size: int) -> np.ndarray:
+        """The examples of (0-based) ``step``: epochs of a permutation that is a pure function of (seed, epoch), so
+        a resumed run draws the same batches an uninterrupted one would."""
+        per_epoch = n_examples // batch_size
+        if per_epoch < 1:
+            raise ScriptError(f"a batch of {batch_size} needs more than the {n_examples} examples given")
+        epoch, pos = divmod(int(step), per_epoch)
+        return epoch_permutation(n_examples, self.cfg.train.seed, epoch)[pos * batch_size:(pos + 1) * batch_size]
+
+    @property
+    def device(self) -> torch.device:
+        want = self.cfg.train.device
+        return torch.device("cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu")
+
+    # ------------------------------------------------------------------ the end
+    def close(self) -> None:
+        """End the session: its verdict (finished, interrupted, at the budget cap, or a script that lost work),
+        ``summary.json`` for a finished run, the meter's final record, the lease released. Runs at exit too."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        try:
+            ended, code, message = self._verdict()
+            if self.is_main:
+                if ended in ("completed", "stopped_early"):
+                    self._write_summary(ended)
+                self._emit({"event": "end", "status": ended, "steps": self.step,
+                            "weights_sha256": self.weights_sha256} if ended in ("completed", "stopped_early") else
+                           {"event": "interrupted", "step": self.step, "reason": self.stop_reason or ended})
+                if self.meter is not None:
+                    self.meter.close({"interrupted": "signal", "budget": "budget", "completed": "finished",
+                                      "stopped_early": "finished"}.get(ended, "error"))
+                if self.metrics:
+                    self.metrics.close()
+            if message:
+                (log.error if code == EXIT_BAD_INPUT else log.warning)("session: %s", message)
+            self.status = self.status.model_copy(update={"closed": True, "ended": ended, "exit_code": code,
+                                                         "message": message, "step": self.step})
+            self._write_status()
+        finally:
+            self._lease.__exit__(None, None, None)
+
+    def _verdict(self) -> tuple[str, int | None, str]:
+        if self.status.exit_code == EXIT_BAD_INPUT:
+            return self.status.ended, EXIT_BAD_INPUT, self.status.message
+        if self._crashed:
+            return "crashed", None, ""
+        saved = self.status.last_saved_step if self.status.last_saved_step is not None else self.status.loaded_step
+        if self.stop_reason in INTERRUPTIONS:
+            lost = "" if saved == self.step else (
+                f"; steps {saved or 0}..{self.step} were not saved: save before stopping when should_stop() is true")
+            if self.stop_reason == "budget":
+                return "budget", EXIT_BUDGET, (f"stopped at the budget cap at step {self.step}{lost}. Run it again "
+                                               "with a larger budget.max_usd to continue")
+            return "interrupted", 0, f"stopped on a signal at step {self.step}{lost}"
+        if saved is None:
+            return "no_checkpoint", EXIT_BAD_INPUT, (
+                "the script ended without a single sess.save(state, step): a preempted run would restart from "
+                "scratch and pay for its steps again. Save every few steps (sess.should_save(step)) and at the end")
+        if saved < self.step:
+            return "unsaved", EXIT_BAD_INPUT, (
+                f"the script ended at step {self.step} but its last checkpoint is step {saved}: the final steps and "
+                "weights are lost. Call sess.save(state, step) after the last step")
+        return ("stopped_early" if self.stop_reason == "early_stop" else "completed"), 0, ""
+
+    def _write_summary(self, ended: str) -> None:
+        es = self.cfg.train.early_stopping
+        best_ckpt = self.ckpts.best(self.ckpts.committed())
+        wall = self._train_time_s()
+        summary = RunSummary(
+            run_id=self.run_id, recipe=self.cfg.recipe, status=ended, steps=self.step,
+            total_steps=self.total_steps or self.step, epochs=0.0, stopped_early=ended == "stopped_early",
+            best_metric=BestMetric(name=es.metric, value=self.stopper.best, step=self.stopper.best_step,
+                                   checkpoint_step=best_ckpt.step if best_ckpt else None),
+            final_metrics=self.last_eval, wall_time_s=round(wall, 3), data_wait_fraction=0.0,
+            checkpoint_time_fraction=round(self.checkpoint_time_s / wall, 5) if wall else 0.0,
+            checkpoints_written=self.checkpoints_written, resumes=self.resumes, precision="script",
+            device=self.device.type, world_size=self.dist.world, cache_key="",
+            training_fingerprint=self.cfg.training_fingerprint(), weights_sha256=self.weights_sha256)
+        write_summary(self.store, summary)
+
+    # ------------------------------------------------------------------ plumbing
+    def _train_time_s(self) -> float:
+        return self.base_train_time_s + (time.perf_counter() - self._t0)
+
+    def _start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._window_start = self.step
+        if self._last_log is None:  # step times count from here: not the script's start-up
+            self._last_log = (self.step, time.perf_counter())
+        self._emit({"event": "start", "step": self.step, "total_steps": self.total_steps, "resumes": self.resumes,
+                    "precision": "script", "device": self.device.type, "world_size": self.dist.world,
+                    "cache_key": "", "cache_hit": False})
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(record)
+
+    def _write_status(self) -> None:
+        if self.status_path and self.is_main:
+            self.status.write(self.status_path)
+
+    def _on_uncaught(self, kind: type, value: BaseException, tb: Any) -> None:
+        self._failed(value)
+        self._excepthook(kind, value, tb)
+
+    def _failed(self, exc: BaseException) -> None:
+        """A ScriptError is a misuse with a fix to name (exit 2, never restarted); anything else a crash."""
+        if isinstance(exc, ScriptError):
+            if not self.status.exit_code:
+                self.status = self.status.model_copy(update={"ended": "bad_input", "exit_code": EXIT_BAD_INPUT,
+                                                             "message": str(exc)})
+        else:
+            self._crashed = True
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
+        if value is not None:
+            self._failed(value)
+        self.close()
+
+
+def init(config: str | Path | RunConfig | None = None, *, total_steps: int | None = None) -> Session:
+    """The session of this run (see ``thrifty.session``). A config or lease problem (exit 2, e.g. another trainer
+    holds the run) is told to the wrapper too, so the job is not restarted for it."""
+    try:
+        return Session(_config_from(config), total_steps=total_steps)
+    except ConfigError as exc:
+        if os.environ.get(ENV_STATUS):
+            SessionStatus(pid=os.getpid(), closed=True, ended="bad_input", exit_code=EXIT_BAD_INPUT,
+                          message=str(exc)).write(os.environ[ENV_STATUS])
+        raise
