@@ -7,7 +7,6 @@ from prefect import get_run_logger, task
 from tasks.errors import fails_quietly
 from thrifty.config import RunConfig
 from thrifty.results import SmokeResult
-from training.script_smoke import smoke_any
 from training.smoke import smoke_test
 
 
@@ -16,7 +15,7 @@ from training.smoke import smoke_test
 def smoke(config: RunConfig, steps: int = 3) -> SmokeResult:
     """A few real optimizer steps, an autocast forward and a checkpoint round trip of the real model (script mode:
     the command with a small step limit, saved and resumed)."""
-    result = smoke_any(config, lambda cfg: smoke_test(cfg, steps=steps))
+    result = smoke_test(config, steps=steps)
     if result.recipe == "script":
         get_run_logger().info("smoke test passed: the command ran %d steps, saved and resumed; loss %s, %.4f s/step "
                               "on CPU", result.steps, result.losses, result.cpu_step_time_s)

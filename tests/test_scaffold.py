@@ -1,4 +1,4 @@
-"""`thrifty new recipe NAME`: the template a new user starts from works as written, and nothing is overwritten."""
+"""`thrifty new recipe|script NAME`: the templates a new user starts from work as written; nothing is overwritten."""
 
 from __future__ import annotations
 
@@ -6,15 +6,21 @@ import subprocess
 from pathlib import Path
 
 from conftest import PYTHON, python_env
+import pytest
+
 from thrifty.cli import main
 
 
-def test_new_recipe_passes_its_own_smoke_test(tmp_path: Path, capsys) -> None:
-    assert main(["new", "recipe", "acme", "--dir", str(tmp_path)]) == 0
-    assert "python -m pytest" in capsys.readouterr().out
-    assert {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()} == {
-        "acme/__init__.py", "acme/recipe.py", "acme.yaml", "tests/test_acme.py"}
+@pytest.mark.parametrize("kind,files", [
+    ("recipe", {"acme/__init__.py", "acme/recipe.py", "acme.yaml", "tests/test_acme.py"}),
+    ("script", {"acme/train.py", "acme.yaml", "tests/test_acme.py"}),
+])
+def test_new_template_passes_its_own_smoke_test(tmp_path: Path, capsys, kind: str, files: set[str]) -> None:
+    assert main(["new", kind, "acme", "--dir", str(tmp_path)]) == 0
+    assert "python -m pytest tests/test_acme.py" in capsys.readouterr().out
+    assert {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()} == files
     # the user's own pytest run, from their project directory: the package imports because thrifty adds the cwd
+    # (recipe), the command runs from there (script)
     done = subprocess.run([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_acme.py"],
                           cwd=tmp_path, env=python_env(), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -252,11 +252,11 @@ def cmd_new(args: argparse.Namespace) -> int:
     from thrifty import scaffold
 
     where = Path(args.dir)
-    written = scaffold.new_recipe(args.name, where)
+    written = (scaffold.new_recipe if args.kind == "recipe" else scaffold.new_script)(args.name, where)
     for path in written:
         print(f"wrote {path}")
-    print(f"\nNext: `python -m pytest {written[-1]}` (the CPU smoke test), then "
-          f"`thrifty run --config {written[2]}`, from {where}/ so that {args.name!r} is importable.")
+    print(f"\nNext, from {where}/: `python -m pytest {written[-1].relative_to(where)}` (the CPU smoke test), then "
+          f"`thrifty run --config {written[-2].relative_to(where)}`.")
     return EXIT_OK
 
 
@@ -329,9 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     _archive_options(q)
     p.set_defaults(func=cmd_archive, archive_command=None, apply=False)  # a dry run unless --apply
 
-    p = sub.add_parser("new", help="write a template to start from: `thrifty new recipe NAME` (a tested recipe "
-                                   "package, its run config and a smoke test)")
-    p.add_argument("kind", choices=["recipe"], help="what to write")
+    p = sub.add_parser("new", help="write a template to start from: `thrifty new recipe NAME` (a recipe package) "
+                                   "or `thrifty new script NAME` (your own loop on thrifty.session), each with its "
+                                   "run config and a smoke test")
+    p.add_argument("kind", choices=["recipe", "script"], help="what to write")
     p.add_argument("name", metavar="NAME", help="the Python package name, e.g. my_model")
     p.add_argument("--dir", default=".", help="where to write it (default: the current directory)")
     p.set_defaults(func=cmd_new)

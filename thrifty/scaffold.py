@@ -1,4 +1,7 @@
-"""``thrifty new recipe NAME``: a working, tested recipe package to start your own model from.
+"""``thrifty new recipe NAME`` and ``thrifty new script NAME``: a working, tested start for your own model.
+
+``recipe`` writes a recipe package (Thrifty's loop trains it); ``script`` writes a plain PyTorch
+training script that uses ``thrifty.session`` (your loop, Thrifty's checkpoints, stops and budget).
 
 The files are templates with the name filled in. Nothing is overwritten: a file that exists
 stops the command before anything is written, naming it.
@@ -146,11 +149,110 @@ def test_{name}_smoke(tmp_path: Path) -> None:
 '''
 
 
+SCRIPT = '''\
+"""{name}: your own PyTorch training loop under Thrifty (script mode). `thrifty smoke --config {name}.yaml` checks it.
+
+Five session calls make it spot-safe: init, load_latest, log, save, should_stop. Resume is
+bit-exact: the session restores the RNG streams with the checkpoint, and batch_indices is a pure
+function of the step. Replace the data and the model with yours; keep the five calls.
+"""
+
+import torch
+from sklearn.datasets import load_digits
+
+from thrifty import session
+
+EPOCHS, BATCH, LR = 10, 32, 1e-3
+
+x, y = load_digits(return_X_y=True)
+x, y = torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y)
+n_train = int(0.8 * len(x))
+x_train, y_train, x_val, y_val = x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+steps_per_epoch = n_train // BATCH
+
+sess = session.init(total_steps=EPOCHS * steps_per_epoch)  # tells the budget gate the run's length
+sess.seed()  # train.seed: the same weights and dropout on every attempt
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+opt = torch.optim.AdamW(model.parameters(), lr=LR)
+
+step = 0
+resumed = sess.load_latest()  # the newest complete checkpoint of this run, or None
+if resumed is not None:
+    step, state = resumed
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+
+while step < sess.total_steps:
+    idx = torch.from_numpy(sess.batch_indices(step, n_train, BATCH))
+    loss = torch.nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    step += 1
+    sess.log(step, loss=loss.item())
+    if step % steps_per_epoch == 0:  # early stopping watches what you log under train.early_stopping.metric
+        with torch.no_grad():
+            val_loss = torch.nn.functional.cross_entropy(model(x_val), y_val).item()
+        sess.log(step, val_loss=val_loss)
+    stop = sess.should_stop()  # a spot notice, the budget cap, early stopping, the smoke test's limit: once a step
+    if stop or sess.should_save(step) or step == sess.total_steps:
+        sess.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, step)
+    if stop:
+        break
+'''
+
+SCRIPT_CONFIG = '''\
+# `thrifty run --config {name}.yaml` runs {name}/train.py under the pipeline: smoke test, budget gate, launch, report.
+run_name: {name}-v1
+recipe: script
+recipe_params:
+  command: python {name}/train.py   # run from this directory (on a node: compute.workdir)
+train:
+  checkpoint_every: 50             # what sess.should_save(step) follows
+  early_stopping: {metric: val_loss, mode: min, patience: 3}
+compute:
+  launcher: local                  # skypilot for real spot GPUs (store must then be s3://, gs:// or az://)
+budget:
+  max_usd: 1.0
+'''
+
+SCRIPT_TEST = '''\
+"""{name}/train.py passes Thrifty's CPU smoke test (it logs, saves and resumes): `python -m pytest {test_path}`."""
+
+from pathlib import Path
+
+from thrifty.config import build_config
+from training.smoke import smoke_test
+
+
+def test_{name}_smoke(tmp_path: Path) -> None:
+    cfg = build_config({"run_name": "smoke", "recipe": "script", "store": str(tmp_path / "store"),
+                        "recipe_params": {"command": "python {name}/train.py"}})
+    result = smoke_test(cfg)
+    assert result.total_steps and result.cpu_step_time_s > 0
+'''
+
+
+def new_script(name: str, where: Path) -> list[Path]:
+    """Write ``<where>/<name>/train.py``, ``<where>/<name>.yaml`` and ``<where>/tests/test_<name>.py``."""
+    _check_name(name)
+    test_path = Path("tests") / f"test_{name}.py"
+    return _write(where, {
+        Path(name) / "train.py": _fill(SCRIPT, name=name),
+        Path(f"{name}.yaml"): _fill(SCRIPT_CONFIG, name=name),
+        test_path: _fill(SCRIPT_TEST, name=name, test_path=test_path.as_posix()),
+    })
+
+
+def _check_name(name: str) -> None:
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+        raise ConfigError(f"name {name!r} must be a Python package name: lower-case letters, digits and '_', "
+                          "not starting with a digit (e.g. 'my_model')")
+
+
 def new_recipe(name: str, where: Path) -> list[Path]:
     """Write the package ``<where>/<name>/``, ``<where>/<name>.yaml`` and ``<where>/tests/test_<name>.py``."""
-    if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
-        raise ConfigError(f"recipe name {name!r} must be a Python package name: lower-case letters, digits and '_', "
-                          "not starting with a digit (e.g. 'my_model')")
+    _check_name(name)
     test_path = Path("tests") / f"test_{name}.py"
     files = {
         Path(name) / "__init__.py": f'"""{name}: a Thrifty recipe package."""\n',

@@ -51,11 +51,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_smoke(args: argparse.Namespace) -> int:
     """The smoke test alone (no Prefect): preprocess if needed, a few CPU steps, a checkpoint round trip."""
     from training.smoke import SmokeTestFailed, smoke_test
-    from training.script_smoke import smoke_any
 
     setup_logging()
     try:
-        result = smoke_any(config_to_train(args), smoke_test)
+        result = smoke_test(config_to_train(args))
     except SmokeTestFailed as exc:
         print(f"smoke test failed: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -13,13 +13,12 @@ import statistics
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 from thrifty.budget import world_size
 from thrifty.config import RunConfig
 from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, ENV_LEASE_TOKEN, ENV_PRICES
 from thrifty.results import SmokeResult
-from thrifty.script import SessionStatus, check_script, is_script
+from thrifty.script import SessionStatus, check_script
 from training.script import job_exit_code, run_command
 from training.smoke import SmokeTestFailed
 
@@ -88,8 +87,3 @@ def smoke_script(cfg: RunConfig) -> SmokeResult:
         cache_key="",
         total_steps=second.total_steps or first.total_steps,
     )
-
-
-def smoke_any(cfg: RunConfig, recipe_smoke: Callable[[RunConfig], SmokeResult]) -> SmokeResult:
-    """The smoke test for ``cfg``: the script's for script mode, else ``recipe_smoke`` (the recipe's)."""
-    return smoke_script(cfg) if is_script(cfg) else recipe_smoke(cfg)

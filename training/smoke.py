@@ -18,6 +18,7 @@ import torch
 
 from thrifty.budget import world_size
 from thrifty.config import ConfigError, RunConfig
+from thrifty.script import is_script
 from thrifty.results import SmokeResult
 from thrifty.storage import FileStore, open_store
 from training.checkpoint import CheckpointManager
@@ -32,7 +33,12 @@ class SmokeTestFailed(RuntimeError):
 
 
 def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:
-    """Run ``steps`` optimizer steps of the real model on CPU and a checkpoint round trip; return what was measured."""
+    """Run ``steps`` optimizer steps of the real model on CPU and a checkpoint round trip; return what was measured.
+    Script mode (``recipe: script``): the command, run twice with a small step limit (``training.script_smoke``)."""
+    if is_script(cfg):
+        from training.script_smoke import smoke_script
+
+        return smoke_script(cfg)
     recipe, params = check_config(cfg)  # what the node would reject, by the node's own code
     store = open_store(cfg.store)
     world = world_size(cfg)  # the job's processes, not this CPU's: one step must fit the data on the node
