@@ -163,7 +163,8 @@ def test_train_deployment_runs_on_a_worker_and_survives_a_preemption(deployed, w
     run_name, store = f"e2e-{uuid.uuid4().hex[:8]}", tmp_path / "store"
     config = {  # what the UI's RunConfig form sends: a partial config, the rest are defaults
         "run_name": run_name, "recipe": "digits", "store": str(store),
-        "train": {"max_epochs": 2, "micro_batch": 32, "precision": "fp32", "checkpoint_every": 10, "log_every": 5},
+        # 6 epochs (~260 steps): the preemption at step 20 lands long before the end even on a loaded machine
+        "train": {"max_epochs": 6, "micro_batch": 32, "precision": "fp32", "checkpoint_every": 10, "log_every": 5},
         "compute": {"preempt_after_steps": 20, "preempt_grace_s": 20},
     }
     out = deployed.run(str(BIN / "prefect"), "deployment", "run", "thrifty-train/train",
