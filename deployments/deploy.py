@@ -1,4 +1,7 @@
-"""Deploy thrifty to a Prefect server: make sure the process work pool exists, then `prefect deploy --all`.
+"""Deploy thrifty to a Prefect server: make sure the work pool exists, then `prefect deploy --all`.
+
+``--pool-type`` picks the pool and its prefect.yaml: ``process`` (prefect.yaml, the default), ``docker`` or
+``kubernetes`` (deployments/prefect.<type>.yaml: flow runs in the image the top-level Dockerfile builds).
 
 `thrifty deploy` calls :func:`deploy_all`. Each step is one function that raises :class:`DeployError`
 with a message saying what to change. The last step installs deployments/automations.yaml.
@@ -10,6 +13,7 @@ import argparse
 import subprocess
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import yaml
@@ -19,6 +23,25 @@ from thrifty.protocol import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 WORK_POOL = "thrifty-process"  # prefect.yaml's deployments name this pool; a test keeps them in step
 WORK_POOL_TYPE = "process"  # runs flows as subprocesses of the worker: no Docker or cluster needed
 PREFECT_FILE = "prefect.yaml"
+IMAGE = "thrifty:0.1.0"  # the tag README says to build the Dockerfile with; the docker/kubernetes variants run it
+
+
+@dataclass(frozen=True)
+class PoolKind:
+    """A Prefect worker type, the pool thrifty creates for it and the prefect.yaml whose deployments use it."""
+
+    type: str  # Prefect's worker type: the pool's `type`, `prefect worker start` picks the worker by it
+    pool: str
+    prefect_file: str  # relative to the project directory
+    worker_package: str | None  # the package the worker machine needs for this type (None: Prefect itself)
+
+
+POOL_KINDS = {
+    "process": PoolKind("process", WORK_POOL, PREFECT_FILE, None),
+    "docker": PoolKind("docker", "thrifty-docker", "deployments/prefect.docker.yaml", "prefect-docker"),
+    "kubernetes": PoolKind("kubernetes", "thrifty-kubernetes", "deployments/prefect.kubernetes.yaml",
+                           "prefect-kubernetes"),
+}
 
 
 class DeployError(Exception):
@@ -43,9 +66,9 @@ def require_api_url() -> str:
     return url
 
 
-def read_deployment_pools(project_dir: Path) -> dict[str, str | None]:
-    """Deployment name -> work pool name, as prefect.yaml declares them."""
-    path = project_dir / PREFECT_FILE
+def read_deployment_pools(project_dir: Path, prefect_file: str = PREFECT_FILE) -> dict[str, str | None]:
+    """Deployment name -> work pool name, as the prefect.yaml declares them."""
+    path = project_dir / prefect_file
     if not path.is_file():
         raise DeployError(f"{path} does not exist; run `thrifty deploy` from the project root "
                           "(the directory holding prefect.yaml) or pass --project-dir", EXIT_BAD_INPUT)
@@ -59,21 +82,39 @@ def read_deployment_pools(project_dir: Path) -> dict[str, str | None]:
     return {d.get("name", "?"): (d.get("work_pool") or {}).get("name") for d in deployments}
 
 
-def check_pools_match(pools: dict[str, str | None], pool: str) -> None:
+def check_pools_match(pools: dict[str, str | None], pool: str, prefect_file: str = PREFECT_FILE) -> None:
     """`prefect deploy --all` ignores --pool, so every deployment must already name the pool we create."""
     wrong = {name: p for name, p in pools.items() if p != pool}
     if wrong:
         listed = ", ".join(f"{name!r} uses {p!r}" for name, p in wrong.items())
-        raise DeployError(f"{PREFECT_FILE}: {listed}, but the work pool being created is {pool!r}; "
+        raise DeployError(f"{prefect_file}: {listed}, but the work pool being created is {pool!r}; "
                           f"set work_pool.name to {pool!r} in each deployment", EXIT_BAD_INPUT)
 
 
-def ensure_work_pool(pool: str, url: str) -> bool:
-    """Create the process work pool unless it exists; True when it was created."""
+def base_job_template(pool_type: str) -> dict[str, Any]:
+    """The template `prefect work-pool create --type TYPE` stores: the process worker's own, else the one in the
+    worker metadata Prefect ships (read offline, so the deploying machine needs no prefect-docker/-kubernetes)."""
+    if pool_type == "process":
+        from prefect.workers.process import ProcessWorker
+
+        return ProcessWorker.get_default_base_job_template()
+    import json
+    from importlib import resources
+
+    ref = resources.files("prefect.server.api.collections_data") / "views" / "aggregate-worker-metadata.json"
+    for collection in json.loads(ref.read_text()).values():
+        worker = collection.get(pool_type)
+        if worker and worker.get("type") == pool_type:
+            return worker["default_base_job_configuration"]
+    raise DeployError(f"Prefect {ref} has no {pool_type!r} worker; use --pool-type {' or '.join(POOL_KINDS)}",
+                      EXIT_BAD_INPUT)
+
+
+def ensure_work_pool(pool: str, url: str, pool_type: str = WORK_POOL_TYPE) -> bool:
+    """Create the work pool of ``pool_type`` unless it exists; True when it was created."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectNotFound
-    from prefect.workers.process import ProcessWorker
 
     with get_client(sync_client=True) as client:
         unreachable = client.api_healthcheck()
@@ -84,21 +125,27 @@ def ensure_work_pool(pool: str, url: str) -> bool:
             existing = client.read_work_pool(pool)
         except ObjectNotFound:
             client.create_work_pool(WorkPoolCreate(
-                name=pool, type=WORK_POOL_TYPE,
-                # the same template `prefect work-pool create --type process` would store
-                base_job_template=ProcessWorker.get_default_base_job_template(),
-                description="thrifty: flow runs as subprocesses of a `prefect worker start --pool` process",
+                name=pool, type=pool_type, base_job_template=base_job_template(pool_type),
+                description=POOL_DESCRIPTIONS.get(pool_type, f"thrifty: flow runs on a {pool_type} worker"),
             ))
             return True
-    if existing.type != WORK_POOL_TYPE:
-        raise DeployError(f"work pool {pool!r} exists with type {existing.type!r}, not {WORK_POOL_TYPE!r}; "
+    if existing.type != pool_type:
+        raise DeployError(f"work pool {pool!r} exists with type {existing.type!r}, not {pool_type!r}; "
                           f"delete it (`prefect work-pool delete {pool}`) or deploy to another pool", EXIT_BAD_INPUT)
     return False
 
 
-def run_prefect_deploy(project_dir: Path) -> None:
-    """`prefect --no-prompt deploy --all` in the project, with this interpreter's Prefect; output goes to the terminal."""
-    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"]
+POOL_DESCRIPTIONS = {
+    "process": "thrifty: flow runs as subprocesses of a `prefect worker start --pool` process",
+    "docker": f"thrifty: flow runs as containers of the {IMAGE} image (the project's Dockerfile)",
+    "kubernetes": f"thrifty: flow runs as Kubernetes Jobs of the {IMAGE} image (the project's Dockerfile)",
+}
+
+
+def run_prefect_deploy(project_dir: Path, prefect_file: str = PREFECT_FILE) -> None:
+    """`prefect --no-prompt deploy --all` in the project, with this interpreter's Prefect; output goes to the terminal.
+    Entrypoints resolve from the project directory whichever file is deployed."""
+    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", prefect_file]
     try:
         proc = subprocess.run(cmd, cwd=project_dir, check=False)
     except OSError as exc:
@@ -148,33 +195,43 @@ def install_automations(alerts_block: str | None, skipped: list[str] | None = No
         raise DeployError(f"installing automations failed: {exc}") from exc
 
 
-def deploy_all(project_dir: str | Path = ".", pool: str = WORK_POOL,
+def deploy_all(project_dir: str | Path = ".", pool: str | None = None,
                echo: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr),
-               alerts_block: str | None = None, alerts_webhook: str | None = None) -> int:
-    """Create the work pool if missing and deploy everything in ``project_dir``/prefect.yaml; returns an exit code."""
+               alerts_block: str | None = None, alerts_webhook: str | None = None, pool_type: str = WORK_POOL_TYPE) -> int:
+    """Create the work pool if missing and deploy everything in the prefect.yaml of ``pool_type`` (``POOL_KINDS``)
+    in ``project_dir``; returns an exit code."""
     project_dir = Path(project_dir).resolve()
     skipped: list[str] = []
     try:
+        if pool_type not in POOL_KINDS:
+            raise DeployError(f"--pool-type {pool_type!r}: use one of {', '.join(POOL_KINDS)}", EXIT_BAD_INPUT)
+        kind = POOL_KINDS[pool_type]
+        pool = pool or kind.pool
         url = require_api_url()
-        pools = read_deployment_pools(project_dir)
-        check_pools_match(pools, pool)
-        created = ensure_work_pool(pool, url)
-        echo(f"work pool {pool!r} ({WORK_POOL_TYPE}) {'created' if created else 'already exists'} on {url}")
+        pools = read_deployment_pools(project_dir, kind.prefect_file)
+        check_pools_match(pools, pool, kind.prefect_file)
+        created = ensure_work_pool(pool, url, kind.type)
+        echo(f"work pool {pool!r} ({kind.type}) {'created' if created else 'already exists'} on {url}")
         if alerts_webhook:
             alerts_block = create_webhook_block(alerts_webhook, alerts_block)
             echo(f"notification block {alerts_block} saved: failure alerts post to it")
-        run_prefect_deploy(project_dir)
+        run_prefect_deploy(project_dir, kind.prefect_file)
         installed = install_automations(alerts_block, skipped)
         echo(f"automations installed: {', '.join(installed) or 'none'}")
     except DeployError as exc:
         echo(f"error: {exc}")
         return exc.exit_code
     echo(f"deployed {', '.join(sorted(pools))}")
-    steps = [f"serve them with `prefect worker start --pool {pool}`", *skipped]
+    serve = f"serve them with `prefect worker start --pool {pool}`"
+    if kind.worker_package:
+        serve = (f"build the image (`docker build -t {IMAGE} .`; on a cluster, load or push it where the nodes pull "
+                 f"from), then {serve} on a machine with `pip install {kind.worker_package}`")
+    steps = [serve, *skipped]
     echo("next steps:\n" + "\n".join(f"  {i}. {step}" for i, step in enumerate(steps, 1)))
     return EXIT_OK
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     """``thrifty deploy``: create the work pool and deploy prefect.yaml's deployments to the server at PREFECT_API_URL."""
-    return deploy_all(args.project_dir, alerts_block=args.alerts_block, alerts_webhook=args.alerts_webhook)
+    return deploy_all(args.project_dir, alerts_block=args.alerts_block, alerts_webhook=args.alerts_webhook,
+                      pool_type=getattr(args, "pool_type", WORK_POOL_TYPE))

@@ -62,6 +62,8 @@ CASES = {
     "aws_only": cloud_cfg(clouds=["aws"], accelerators=["T4:1"]),
     "gcp_only": cloud_cfg(clouds=["gcp"], accelerators=["T4:1"], job_recovery_strategy="FAILOVER"),
     "azure_only": cloud_cfg(clouds=["azure"], accelerators=["T4:1"]),
+    # the user's cluster beside a cloud: no spot market there, so its entries say use_spot false
+    "kubernetes": cloud_cfg(clouds=["kubernetes", "aws"], accelerators=["A10G:1"], on_demand_fallback=True),
 }
 
 

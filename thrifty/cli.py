@@ -339,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("deploy", help="create the work pool and deploy prefect.yaml to the server at PREFECT_API_URL")
     p.add_argument("--project-dir", default=".", help="the directory holding prefect.yaml (default: the current one)")
+    p.add_argument("--pool-type", default="process", choices=["process", "docker", "kubernetes"],
+                   help="the work pool: process (prefect.yaml), or docker / kubernetes (deployments/prefect.TYPE.yaml, "
+                        "the image the Dockerfile builds)")
     p.add_argument("--alerts-block", default=None, metavar="TYPE/NAME",
                    help="notification block for failure alerts (default: custom-webhook/thrifty-alerts, if it exists)")
     p.add_argument("--alerts-webhook", default=None, metavar="URL",

@@ -125,10 +125,13 @@ class NodeMeter:
                 NodeIdentity(None)
         else:  # a cloud VM: billing began when it booted; ask it what it is
             from thrifty.launchers.identity import probe
-            from thrifty.launchers.notice import detect_cloud
+            from thrifty.launchers.notice import cluster_cloud, detect_cloud
 
             started = boot_time_unix() or clock()
-            node = probe(detect_cloud(env))
+            # a Kubernetes pod has no metadata server to ask, and no spot market: it is one of the kubernetes
+            # candidates (never a cloud's dearest), the dearest of them when their GPU counts differ
+            node = NodeIdentity("kubernetes", None, False) if cluster_cloud(env) == "kubernetes" else \
+                probe(detect_cloud(env))
         price, note = match_price(prices, node)
         nodes = int(env.get("SKYPILOT_NUM_NODES") or cfg.compute.num_nodes)
         return cls(store, cfg, job_id, price, note, nodes, started, clock)

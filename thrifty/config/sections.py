@@ -104,13 +104,20 @@ class TrainConfig(_Frozen):
 
 class ComputeConfig(_Frozen):
     launcher: Literal["local", "skypilot"] = Field("local", description="local = emulated spot on this machine.")
-    clouds: list[Literal["aws", "gcp", "azure"]] = Field(
-        default_factory=lambda: ["aws", "gcp", "azure"], min_length=1, description="Clouds SkyPilot may choose from."
+    clouds: list[Literal["aws", "gcp", "azure", "kubernetes"]] = Field(
+        default_factory=lambda: ["aws", "gcp", "azure"], min_length=1,
+        description="Clouds SkyPilot may choose from; 'kubernetes' = the cluster of your kubeconfig's current "
+        "context (SkyPilot's Kubernetes infra: no spot market, priced at kubernetes_usd_per_gpu_hour).",
     )
     accelerators: list[str] = Field(
         default_factory=lambda: ["A10G:1", "L4:1"], min_length=1, description="Candidate accelerators, NAME:COUNT."
     )
-    use_spot: bool = Field(True, description="Rent spot (preemptible) instances.")
+    use_spot: bool = Field(True, description="Rent spot (preemptible) instances (not applicable to kubernetes).")
+    kubernetes_usd_per_gpu_hour: float = Field(
+        0.0, ge=0.0,
+        description="What one GPU-hour on your Kubernetes cluster costs you (USD per GPU-hour): 0 = a cluster you "
+        "already pay for; set your internal rate to rank it against the clouds by run cost and meter it against the budget.",
+    )
     on_demand_fallback: bool = Field(True, description="Fall back to on-demand when no spot capacity is found.")
     num_nodes: int = Field(1, ge=1, description="Nodes in the job (count).")
     max_restarts: int = Field(3, ge=0, description="Recoveries after failures (not preemptions) before giving up (count).")

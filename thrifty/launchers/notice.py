@@ -136,13 +136,20 @@ def make_probe(cloud: str, base: str | None = None) -> Callable[[], Notice | Non
     raise ValueError(f"no notice probe for cloud {cloud!r}; use aws, gcp or azure")
 
 
-def detect_cloud(environ: dict[str, str] | None = None) -> str | None:
-    """The node's cloud from SkyPilot's ``$SKYPILOT_CLUSTER_INFO`` (``{"cloud": "AWS", ...}``), if set."""
+def cluster_cloud(environ: dict[str, str] | None = None) -> str | None:
+    """The node's cloud, lower-cased, from SkyPilot's ``$SKYPILOT_CLUSTER_INFO`` (``{"cloud": "AWS", ...}``;
+    ``Kubernetes`` on a pod), if set."""
     env = os.environ if environ is None else environ
     try:
         cloud = str(json.loads(env.get("SKYPILOT_CLUSTER_INFO", "{}")).get("cloud", "")).lower()
     except (json.JSONDecodeError, AttributeError):
         return None
+    return cloud or None
+
+
+def detect_cloud(environ: dict[str, str] | None = None) -> str | None:
+    """The node's cloud when it is one with a spot-notice endpoint (aws, gcp, azure); else None."""
+    cloud = cluster_cloud(environ)
     return cloud if cloud in DEFAULT_BASE else None
 
 

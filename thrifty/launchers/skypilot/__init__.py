@@ -11,12 +11,12 @@ Files: ``candidates`` (what may be rented, priced), ``ranking`` (by the run's co
 from __future__ import annotations
 
 from thrifty.launchers.skypilot.launcher import JOB_PREFIX, SkyPilotLauncher
-from thrifty.launchers.skypilot.preflight import CREDENTIAL_HINTS, has_credentials, preflight, remote_api_server
+from thrifty.launchers.skypilot.preflight import CREDENTIAL_HINTS, has_credentials, kubeconfig, preflight, remote_api_server
 from thrifty.launchers.skypilot.queue import (
     END_REASON, QUEUE_FIELDS, STATE_MAP, PriceFn, parse_cluster_resources, record_state, skypilot_task_id,
     update_attempts,
 )
-from thrifty.launchers.skypilot.candidates import Candidate, candidates
+from thrifty.launchers.skypilot.candidates import KUBERNETES, Candidate, candidates, kubernetes_quote
 from thrifty.launchers.skypilot.plan import plan_ranking, plan_text
 from thrifty.launchers.skypilot.ranking import Costed, Ranking, rank
 from thrifty.launchers.skypilot.task import (
@@ -27,6 +27,6 @@ from thrifty.launchers.skypilot.task import (
 __all__ = [
     "CREDENTIAL_HINTS", "END_REASON", "JOB_PREFIX", "MASTER_PORT", "QUEUE_FIELDS", "RUN_MULTI", "RUN_SINGLE", "SETUP",
     "STATE_MAP", "STORE_MOUNT", "VENV", "Candidate", "Costed", "Ranking", "PriceFn", "SkyPilotLauncher", "build_task", "candidates",
-    "has_credentials", "job_name", "parse_cluster_resources", "plan_ranking", "plan_text", "rank", "ranked_candidates", "preflight", "record_state",
+    "KUBERNETES", "has_credentials", "job_name", "kubeconfig", "kubernetes_quote", "parse_cluster_resources", "plan_ranking", "plan_text", "rank", "ranked_candidates", "preflight", "record_state",
     "remote_api_server", "skypilot_task_id", "store_mount_source", "task_config", "task_yaml", "update_attempts",
 ]

@@ -1,4 +1,9 @@
-"""The SkyPilot task's candidates: one per (cloud[/region], accelerator, spot|on-demand) the price source knows."""
+"""The SkyPilot task's candidates: one per (cloud[/region], accelerator, spot|on-demand) the price source knows.
+
+``kubernetes`` (SkyPilot's Kubernetes infra: your kubeconfig's cluster) is a candidate per accelerator at
+``compute.kubernetes_usd_per_gpu_hour`` x its GPUs, with no spot market: it is never a spot candidate and
+never an on-demand fallback, but a peer of the spot candidates ranked by run cost like them.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ from dataclasses import dataclass
 
 from thrifty.config import RunConfig
 from thrifty.pricing import PricingError, Quote, parse_accelerator, quote_accelerator
+
+KUBERNETES = "kubernetes"  # SkyPilot's infra name (also `k8s`); its record's cloud, lower-cased
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,25 @@ class Candidate:
         """The whole job: every node."""
         return self.quote.usd_per_hour * self.nodes
 
+    @property
+    def spot_applies(self) -> bool:
+        """False on a Kubernetes cluster: its pods are not bought on a spot market (nor an on-demand fallback)."""
+        return self.cloud != KUBERNETES
+
+    @property
+    def market(self) -> str:
+        return "cluster" if not self.spot_applies else "spot" if self.spot else "on-demand"
+
+
+def kubernetes_quote(cfg: RunConfig, accelerator: str) -> Quote:
+    """A pod with ``accelerator`` on the user's cluster, at compute.kubernetes_usd_per_gpu_hour per GPU."""
+    name, count = parse_accelerator(accelerator)
+    rate = cfg.compute.kubernetes_usd_per_gpu_hour
+    usd = rate * count
+    why = "0: a cluster you already pay for" if rate == 0 else "your rate"
+    return Quote(KUBERNETES, f"pod-{name}-{count}", False, usd, usd,
+                 f"compute.kubernetes_usd_per_gpu_hour ${rate:g}/GPU-hour x {count} ({why})", f"{name}:{count}", "")
+
 
 def candidates(cfg: RunConfig, source: str = "auto") -> tuple[list[Candidate], list[str]]:
     """Priced candidates, cheapest first, and notes on the combinations left out (not offered or unpriced)."""
@@ -36,6 +62,15 @@ def candidates(cfg: RunConfig, source: str = "auto") -> tuple[list[Candidate], l
     markets = [True, False] if c.use_spot and c.on_demand_fallback else [c.use_spot]
     out, notes = [], []
     for cloud in c.clouds:
+        if cloud == KUBERNETES:
+            for acc in c.accelerators:
+                q = kubernetes_quote(cfg, acc)
+                # SkyPilot prices a Kubernetes pod at $0, so max_hourly_cost never skips it
+                out.append(Candidate(cloud, None, q.accelerator, False, q, c.num_nodes, True))
+            notes.append(f"kubernetes: spot does not apply (pods on your cluster are not bought on a spot market); "
+                         f"priced at compute.kubernetes_usd_per_gpu_hour ${c.kubernetes_usd_per_gpu_hour:g}/GPU-hour"
+                         + (" (0: a cluster you already pay for)" if c.kubernetes_usd_per_gpu_hour == 0 else ""))
+            continue
         regions = [r.split("/", 1)[1] for r in c.regions if r.startswith(cloud + "/")] or [None]
         for acc in c.accelerators:
             name, count = parse_accelerator(acc)

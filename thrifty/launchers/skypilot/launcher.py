@@ -14,7 +14,7 @@ from thrifty.config import ConfigError, RunConfig
 from thrifty.estimate import Estimate
 from thrifty.launchers.base import JobStatus, LaunchError
 from thrifty.launchers.skypilot.queue import QUEUE_FIELDS, _value, record_state, skypilot_task_id, update_attempts
-from thrifty.launchers.skypilot.candidates import candidates
+from thrifty.launchers.skypilot.candidates import KUBERNETES, candidates, kubernetes_quote
 from thrifty.launchers.skypilot.task import build_task, ranked_candidates, task_config
 from thrifty.pricing import PricingError, quote_accelerator
 from thrifty.ledger import Attempt
@@ -97,6 +97,8 @@ class SkyPilotLauncher:
         """$/hour of one node: the instance if the offline table knows it, else the accelerator's cheapest offer."""
         from thrifty.pricing import find_instance
 
+        if cloud == KUBERNETES and accelerator and self.cfg is not None:  # the user's cluster: the user's rate
+            return kubernetes_quote(self.cfg, accelerator).usd_per_hour
         if instance:
             try:
                 row = find_instance(cloud, instance)

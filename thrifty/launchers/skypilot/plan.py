@@ -36,7 +36,7 @@ def _row(x: Costed) -> str:
     else:  # relative: the job's speed in A10Gs, and dollars per A10G-hour of work
         tail = f"{x.examples_per_s:>9.2f}x {'?':>10} {x.per_work_usd:>9.3f}"
     flag = "" if k.within_cap else "  (over max_hourly_cost: SkyPilot skips it)"
-    return (f"#   {k.infra:<18} {k.accelerator:<10} {'spot' if k.spot else 'on-demand':<9} {k.quote.instance:<26} "
+    return (f"#   {k.infra:<18} {k.accelerator:<10} {k.market:<9} {k.quote.instance:<26} "
             f"{k.usd_per_hour:>9.3f} {tail}{flag}")
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from thrifty.config import ConfigError, RunConfig
+from thrifty.launchers.skypilot.candidates import KUBERNETES
 from thrifty.launchers.skypilot.task import build_task, candidates, store_mount_source, task_config
 
 log = logging.getLogger("thrifty.launch")
@@ -67,6 +68,25 @@ def has_credentials(cloud: str, environ: dict[str, str] | None = None) -> bool:
     raise ValueError(f"unknown cloud {cloud!r}")
 
 
+def kubeconfig(environ: dict[str, str] | None = None) -> str | None:
+    """Where SkyPilot will find the cluster: a kubeconfig file (``$KUBECONFIG``'s list, else ~/.kube/config), or the
+    service account of the pod this runs in; None when there is none (a cheap, offline look; not `sky check`)."""
+    env = dict(os.environ) if environ is None else environ
+    paths = [p for p in (env.get("KUBECONFIG") or "").split(os.pathsep) if p] or [str(_home(env) / ".kube" / "config")]
+    for path in paths:
+        if Path(path).expanduser().is_file():
+            return path
+    if env.get("KUBERNETES_SERVICE_HOST") and Path(SERVICE_ACCOUNT_TOKEN).is_file():
+        return "in-cluster service account"
+    return None
+
+
+KUBECONFIG_HINT = ("SkyPilot's kubernetes infra needs a kubeconfig: set KUBECONFIG to yours (or write ~/.kube/config, e.g. "
+                   "`kind get kubeconfig > ~/.kube/config`, `gcloud container clusters get-credentials ...`, "
+                   "`aws eks update-kubeconfig ...`), then `sky check kubernetes`")
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
 def preflight(cfg: RunConfig, environ: dict[str, str] | None = None) -> None:
     """Everything about a SkyPilot launch that can be checked offline; one ConfigError listing every problem."""
     import importlib.util
@@ -85,8 +105,8 @@ def preflight(cfg: RunConfig, environ: dict[str, str] | None = None) -> None:
             store_mount_source(cfg.store)  # raises: a local store is unreachable from a node
     except ConfigError as exc:
         problems.append(str(exc))
-    for acc in c.accelerators:
-        if not any(offers(cloud, acc)[0] for cloud in c.clouds):
+    for acc in c.accelerators:  # a kubernetes candidate is always priced (compute.kubernetes_usd_per_gpu_hour)
+        if not any(cloud == KUBERNETES or offers(cloud, acc)[0] for cloud in c.clouds):
             problems.append(f"'compute.accelerators': no price for {acc} on any of {c.clouds}; "
                             "`thrifty prices` lists what each cloud offers")
     cands, _ = candidates(cfg)
@@ -97,6 +117,14 @@ def preflight(cfg: RunConfig, environ: dict[str, str] | None = None) -> None:
     endpoint = remote_api_server(environ)
     if endpoint is None:
         for cloud in c.clouds:
+            if cloud == KUBERNETES:  # no cloud account: the cluster's kubeconfig, and SkyPilot's client for it
+                if kubeconfig(environ) is None:
+                    problems.append(f"'compute.clouds': no kubeconfig on this machine (KUBECONFIG unset, no "
+                                    f"~/.kube/config): {KUBECONFIG_HINT}; or remove kubernetes from compute.clouds")
+                if importlib.util.find_spec("kubernetes") is None:
+                    problems.append("'compute.clouds': kubernetes needs SkyPilot's Kubernetes client on this machine: "
+                                    "pip install 'skypilot[kubernetes]==0.14.1'; or remove kubernetes from compute.clouds")
+                continue
             if not has_credentials(cloud, environ):
                 problems.append(f"'compute.clouds': no {cloud} credentials on this machine: {CREDENTIAL_HINTS[cloud]}; "
                                 f"or remove {cloud} from compute.clouds")

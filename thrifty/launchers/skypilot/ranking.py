@@ -35,7 +35,7 @@ class Costed:
 
     def label(self) -> str:
         k = self.candidate
-        return f"{k.accelerator} {'spot' if k.spot else 'on-demand'} on {k.infra}"
+        return f"{k.accelerator} {k.market} on {k.infra}"
 
     def cost_text(self) -> str:
         if self.usd is None:
@@ -63,9 +63,9 @@ class Ranking:
         """Which candidate wins and why, in one sentence."""
         text = self._why()
         win = self.winner
-        if self.spot_first and win.candidate.spot:
+        if self.spot_first and win.candidate.market != "on-demand":
             key = (lambda x: x.usd) if win.usd is not None else (lambda x: x.per_work_usd)
-            cheaper = [x for x in self.ranked if not x.candidate.spot and key(x) < key(win)]
+            cheaper = [x for x in self.ranked if x.candidate.market == "on-demand" and key(x) < key(win)]
             if cheaper:
                 text += (f" (on-demand {cheaper[0].label()} would cost {cheaper[0].cost_text()}, but on-demand is only "
                          "the fallback; set compute.use_spot=false to rank it first)")
@@ -118,6 +118,8 @@ def rank(cfg: RunConfig, cands: list[Candidate], speeds: Speeds, examples: float
             f"${fastest.usd:.2f}. Raise compute.deadline_h, add a faster accelerator to compute.accelerators, or "
             "train fewer steps (train.max_epochs / train.max_steps); nothing was launched.")
     spot_first = c.use_spot and c.on_demand_fallback  # on-demand is the fallback, not a peer
-    feasible.sort(key=lambda x: (not x.candidate.within_cap, spot_first and not x.candidate.spot,
-                                 x.usd if timed else x.per_work_usd, x.candidate.usd_per_hour))
+    # a Kubernetes candidate has no spot market, so it is never a fallback: it ranks among the spot ones
+    feasible.sort(key=lambda x: (not x.candidate.within_cap, spot_first and x.candidate.market == "on-demand",
+                                 x.usd if timed else x.per_work_usd, x.candidate.usd_per_hour,
+                                 -x.examples_per_s))  # at equal cost (a free cluster), the faster first
     return Ranking(feasible, excluded, examples if timed else None, speeds, deadline, spot_first)
