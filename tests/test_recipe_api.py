@@ -144,3 +144,14 @@ def test_drop_last_pads_like_distributed_sampler() -> None:
     assert tc.steps_per_epoch(25, 1) == 3 and tc.model_copy(update={"drop_last": True}).steps_per_epoch(25, 1) == 2
     seen = np.concatenate([batch_positions(s * 10, 10, 25) for s in range(3)])
     assert set(seen) == set(range(25)) and list(seen[25:]) == [0, 1, 2, 3, 4]
+
+
+def test_the_ui_form_lists_every_built_in_recipe_option() -> None:
+    """The form's recipe_params text names the built-ins' options (the config cannot import them without torch)."""
+    from thrifty.config import RunConfig
+    from thrifty.script import ScriptParams
+
+    text = RunConfig.model_fields["recipe_params"].description
+    for model in (resolve_recipe("digits").params_model, resolve_recipe("codelm").params_model, ScriptParams):
+        missing = [name for name in model.model_fields if name not in text]
+        assert not missing, f"recipe_params' description misses {model.__name__} options {missing}"
