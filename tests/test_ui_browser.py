@@ -184,6 +184,8 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     page.reload()
     page.get_by_text("Completed").first.wait_for()
     page.get_by_text(f"thrifty-run:{run_name}").first.wait_for()
+    # the log list loads after the page ("Waiting for logs..."): wait for its last line, the final cost
+    page.get_by_text(re.compile(r"spent \$[0-9.]+ of its \$1 budget")).first.wait_for(timeout=60_000)
     snap(page, shots, "03-flow-run-logs")
     shown = page.locator("body").inner_text()
     for line in ("attempt 1 ended: preempted", "attempt 2 started", r"resumed from step \d+ of \d+",
