@@ -96,6 +96,22 @@ def ensure_work_pool(pool: str, url: str) -> bool:
     return False
 
 
+def set_pool_concurrency(pool: str, limit: int | None) -> str:
+    """Set how many flow runs the pool runs at once, across all its workers (None: no limit); returns it in words.
+
+    The server enforces it, so it holds however many workers serve the pool: runs past it wait Scheduled."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolUpdate
+
+    if limit is not None and limit < 1:
+        raise DeployError(f"--pool-concurrency {limit}: give at least 1 (flow runs at once), or 0 to remove the "
+                          "limit", EXIT_BAD_INPUT)
+    with get_client(sync_client=True) as client:
+        # concurrency_limit is in the update's fields set even when None, so None clears a limit set earlier
+        client.update_work_pool(pool, WorkPoolUpdate(concurrency_limit=limit))
+    return f"at most {limit} flow run(s) at once" if limit else "no concurrency limit"
+
+
 def run_prefect_deploy(project_dir: Path) -> None:
     """`prefect --no-prompt deploy --all` in the project, with this interpreter's Prefect; output goes to the terminal."""
     cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"]
@@ -150,7 +166,8 @@ def install_automations(alerts_block: str | None, skipped: list[str] | None = No
 
 def deploy_all(project_dir: str | Path = ".", pool: str = WORK_POOL,
                echo: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr),
-               alerts_block: str | None = None, alerts_webhook: str | None = None) -> int:
+               alerts_block: str | None = None, alerts_webhook: str | None = None,
+               pool_concurrency: int | None = None) -> int:
     """Create the work pool if missing and deploy everything in ``project_dir``/prefect.yaml; returns an exit code."""
     project_dir = Path(project_dir).resolve()
     skipped: list[str] = []
@@ -160,6 +177,8 @@ def deploy_all(project_dir: str | Path = ".", pool: str = WORK_POOL,
         check_pools_match(pools, pool)
         created = ensure_work_pool(pool, url)
         echo(f"work pool {pool!r} ({WORK_POOL_TYPE}) {'created' if created else 'already exists'} on {url}")
+        if pool_concurrency is not None:  # unset: a limit set earlier (in the UI or by a deploy) is kept
+            echo(f"work pool {pool!r}: {set_pool_concurrency(pool, pool_concurrency or None)}")
         if alerts_webhook:
             alerts_block = create_webhook_block(alerts_webhook, alerts_block)
             echo(f"notification block {alerts_block} saved: failure alerts post to it")
@@ -170,11 +189,13 @@ def deploy_all(project_dir: str | Path = ".", pool: str = WORK_POOL,
         echo(f"error: {exc}")
         return exc.exit_code
     echo(f"deployed {', '.join(sorted(pools))}")
-    steps = [f"serve them with `prefect worker start --pool {pool}`", *skipped]
+    steps = [f"serve them with `prefect worker start --pool {pool}` (start one on each machine that runs flows; "
+             "all must reach PREFECT_API_URL)", *skipped]
     echo("next steps:\n" + "\n".join(f"  {i}. {step}" for i, step in enumerate(steps, 1)))
     return EXIT_OK
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     """``thrifty deploy``: create the work pool and deploy prefect.yaml's deployments to the server at PREFECT_API_URL."""
-    return deploy_all(args.project_dir, alerts_block=args.alerts_block, alerts_webhook=args.alerts_webhook)
+    return deploy_all(args.project_dir, alerts_block=args.alerts_block, alerts_webhook=args.alerts_webhook,
+                      pool_concurrency=args.pool_concurrency)
