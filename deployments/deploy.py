@@ -2,6 +2,9 @@
 
 `thrifty deploy` calls :func:`deploy_all`. Each step is one function that raises :class:`DeployError`
 with a message saying what to change. The last step installs deployments/automations.yaml.
+The server is whatever PREFECT_API_URL names: a laptop's `prefect server start` (SQLite) or a team's server on
+PostgreSQL (its PREFECT_API_DATABASE_CONNECTION_URL; deployments/docker-compose.postgres.yml), served by any
+number of workers; ``--pool-concurrency N`` caps the flow runs the pool runs at once across all of them.
 """
 
 from __future__ import annotations
@@ -189,8 +192,8 @@ def deploy_all(project_dir: str | Path = ".", pool: str = WORK_POOL,
         echo(f"error: {exc}")
         return exc.exit_code
     echo(f"deployed {', '.join(sorted(pools))}")
-    steps = [f"serve them with `prefect worker start --pool {pool}` (start one on each machine that runs flows; "
-             "all must reach PREFECT_API_URL)", *skipped]
+    steps = [f"serve them with `PREFECT_API_URL={url} prefect worker start --pool {pool}`: one or more workers, on "
+             "any machines that reach the server and have this project checked out at the same path", *skipped]
     echo("next steps:\n" + "\n".join(f"  {i}. {step}" for i, step in enumerate(steps, 1)))
     return EXIT_OK
 
