@@ -163,7 +163,9 @@ def test_two_workers_on_postgres_share_a_pool_limit_and_survive_a_dead_worker(cl
         time.sleep(0.2)
     busy = [w for w in workers if descendants(w.pid)]
     assert len(busy) == 1, "exactly one worker runs the flow"
-    victim, survivor = busy[0], next(w for w in workers if w is not busy[0])
+    victim = busy[0]
+    survivor_log = server.home / f"worker{1 - workers.index(victim)}.log"
+    survivor = next(w for w in workers if w is not victim)
     tree = [victim.pid, *descendants(victim.pid)]
     for pid in tree:  # SIGKILL all at once: nothing gets to clean up or checkpoint
         os.kill(pid, signal.SIGKILL)
@@ -174,7 +176,8 @@ def test_two_workers_on_postgres_share_a_pool_limit_and_survive_a_dead_worker(cl
 
     # the same run_name again: the surviving worker takes it; the lease of the dead holder does not block it
     rerun_id = submit(server, TRAIN, config)
-    [rerun] = wait_all(server, [rerun_id], [survivor], 240).values()
+    wait_all(server, [rerun_id], [survivor], 240)
+    assert f"submitting flow run '{rerun_id}'" in survivor_log.read_text()
     starts = [r for r in read_metrics(s, run_name) if r.get("event") == "start"]
     assert [r["step"] for r in starts] == [0, ckpt_step], "the rerun resumes from the last checkpoint, not step 0"
     resumed_s = starts[-1]["time_unix"] - killed_at
