@@ -5,6 +5,9 @@
 
 `thrifty deploy` calls :func:`deploy_all`. Each step is one function that raises :class:`DeployError`
 with a message saying what to change. The last step installs deployments/automations.yaml.
+The server is whatever PREFECT_API_URL names: a laptop's `prefect server start` (SQLite) or a team's server on
+PostgreSQL (its PREFECT_API_DATABASE_CONNECTION_URL; deployments/docker-compose.postgres.yml), served by any
+number of workers; ``--pool-concurrency N`` caps the flow runs the pool runs at once across all of them.
 """
 
 from __future__ import annotations
@@ -135,6 +138,22 @@ def ensure_work_pool(pool: str, url: str, pool_type: str = WORK_POOL_TYPE) -> bo
     return False
 
 
+def set_pool_concurrency(pool: str, limit: int | None) -> str:
+    """Set how many flow runs the pool runs at once, across all its workers (None: no limit); returns it in words.
+
+    The server enforces it, so it holds however many workers serve the pool: runs past it wait Scheduled."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolUpdate
+
+    if limit is not None and limit < 1:
+        raise DeployError(f"--pool-concurrency {limit}: give at least 1 (flow runs at once), or 0 to remove the "
+                          "limit", EXIT_BAD_INPUT)
+    with get_client(sync_client=True) as client:
+        # concurrency_limit is in the update's fields set even when None, so None clears a limit set earlier
+        client.update_work_pool(pool, WorkPoolUpdate(concurrency_limit=limit))
+    return f"at most {limit} flow run(s) at once" if limit else "no concurrency limit"
+
+
 POOL_DESCRIPTIONS = {
     "process": "thrifty: flow runs as subprocesses of a `prefect worker start --pool` process",
     "docker": f"thrifty: flow runs as containers of the {IMAGE} image (the project's Dockerfile)",
@@ -197,7 +216,8 @@ def install_automations(alerts_block: str | None, skipped: list[str] | None = No
 
 def deploy_all(project_dir: str | Path = ".", pool: str | None = None,
                echo: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr),
-               alerts_block: str | None = None, alerts_webhook: str | None = None, pool_type: str = WORK_POOL_TYPE) -> int:
+               alerts_block: str | None = None, alerts_webhook: str | None = None, pool_type: str = WORK_POOL_TYPE,
+               pool_concurrency: int | None = None) -> int:
     """Create the work pool if missing and deploy everything in the prefect.yaml of ``pool_type`` (``POOL_KINDS``)
     in ``project_dir``; returns an exit code."""
     project_dir = Path(project_dir).resolve()
@@ -212,6 +232,8 @@ def deploy_all(project_dir: str | Path = ".", pool: str | None = None,
         check_pools_match(pools, pool, kind.prefect_file)
         created = ensure_work_pool(pool, url, kind.type)
         echo(f"work pool {pool!r} ({kind.type}) {'created' if created else 'already exists'} on {url}")
+        if pool_concurrency is not None:  # unset: a limit set earlier (in the UI or by a deploy) is kept
+            echo(f"work pool {pool!r}: {set_pool_concurrency(pool, pool_concurrency or None)}")
         if alerts_webhook:
             alerts_block = create_webhook_block(alerts_webhook, alerts_block)
             echo(f"notification block {alerts_block} saved: failure alerts post to it")
@@ -222,10 +244,12 @@ def deploy_all(project_dir: str | Path = ".", pool: str | None = None,
         echo(f"error: {exc}")
         return exc.exit_code
     echo(f"deployed {', '.join(sorted(pools))}")
-    serve = f"serve them with `prefect worker start --pool {pool}`"
+    serve = (f"serve them with `PREFECT_API_URL={url} prefect worker start --pool {pool}`: one or more workers, on "
+             "any machines that reach the server" + (" and have this project checked out at the same path"
+                                                     if not kind.worker_package else ""))
     if kind.worker_package:
         serve = (f"build the image (`docker build -t {IMAGE} .`; on a cluster, load or push it where the nodes pull "
-                 f"from), then {serve} on a machine with `pip install {kind.worker_package}`")
+                 f"from), then {serve}, with `pip install {kind.worker_package}`")
     steps = [serve, *skipped]
     echo("next steps:\n" + "\n".join(f"  {i}. {step}" for i, step in enumerate(steps, 1)))
     return EXIT_OK
@@ -234,4 +258,4 @@ def deploy_all(project_dir: str | Path = ".", pool: str | None = None,
 def cmd_deploy(args: argparse.Namespace) -> int:
     """``thrifty deploy``: create the work pool and deploy prefect.yaml's deployments to the server at PREFECT_API_URL."""
     return deploy_all(args.project_dir, alerts_block=args.alerts_block, alerts_webhook=args.alerts_webhook,
-                      pool_type=getattr(args, "pool_type", WORK_POOL_TYPE))
+                      pool_type=getattr(args, "pool_type", WORK_POOL_TYPE), pool_concurrency=args.pool_concurrency)

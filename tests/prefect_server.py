@@ -2,17 +2,20 @@
 `thrifty deploy` and a process worker, and every process it started stopped with its children afterwards.
 
 tests/test_deployments_e2e.py and tests/test_ui_browser.py share it; each starts one server per module.
+tests/test_postgres_scale.py runs the server on a private PostgreSQL cluster (:func:`postgres_cluster`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -87,7 +90,7 @@ def tail(path: Path, chars: int = 4000) -> str:
 class Server:
     """`prefect server start` on 127.0.0.1 with a private PREFECT_HOME; ``env`` is what its clients use."""
 
-    def __init__(self, home: Path, ui: bool = False):
+    def __init__(self, home: Path, ui: bool = False, env: dict[str, str] | None = None):
         self.home = home
         self.deploy_output: subprocess.CompletedProcess | None = None
         self.worker: subprocess.Popen | None = None
@@ -106,6 +109,7 @@ class Server:
             "PREFECT_UI_API_URL": self.api_url,  # the browser calls the API on loopback, where it is
             "DO_NOT_TRACK": "1",
             "PREFECT_WORKER_QUERY_SECONDS": "1",  # the worker picks up a new run within a second, not 10
+            **(env or {}),
         }
         self.procs: list[subprocess.Popen] = []
 
@@ -158,9 +162,11 @@ def deploy(server: Server, *args: str) -> subprocess.CompletedProcess:
 
 
 @contextmanager
-def deployed_server(home: Path, ui: bool = False, deploy_args: tuple[str, ...] = ()) -> Iterator[Server]:
-    """A fresh server (with its UI when ``ui``) and `thrifty deploy` run against it; everything stopped after."""
-    server = Server(home, ui=ui)
+def deployed_server(home: Path, ui: bool = False, deploy_args: tuple[str, ...] = (),
+                    env: dict[str, str] | None = None) -> Iterator[Server]:
+    """A fresh server (with its UI when ``ui``) and `thrifty deploy` run against it; everything stopped after.
+    ``env`` adds to the server's and its clients' environment (e.g. PREFECT_API_DATABASE_CONNECTION_URL)."""
+    server = Server(home, ui=ui, env=env)
     try:
         server.wait_healthy(server.spawn("server", "server", "start", "--host", "127.0.0.1",
                                          "--port", server.env["PREFECT_SERVER_API_PORT"]))
@@ -184,3 +190,67 @@ def wait_final(server: Server, flow_run_id: str, worker: subprocess.Popen | None
             assert time.monotonic() < deadline, (f"flow run still {flow_run.state_name} after {timeout_s:.0f} s:\n"
                                                  f"{tail(server.home / 'worker.log')}")
             time.sleep(0.5)
+
+
+# ---------------------------------------------------------------- PostgreSQL: Debian's packaged server, on loopback
+
+PG_INSTALL = "apt-get update && apt-get install -y postgresql"
+
+
+def postgres_bin() -> Path:
+    """The newest /usr/lib/postgresql/<major>/bin; fails with the install command when there is none."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
+    assert found, f"PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb); install it: `{PG_INSTALL}`"
+    return found[-1].parent
+
+
+@contextmanager
+def postgres_cluster(database: str = "prefect") -> Iterator[str]:
+    """A private PostgreSQL cluster in a temp dir, listening on 127.0.0.1 only (unix socket in the temp dir), with
+    ``database`` created; yields its SQLAlchemy asyncpg URL. The postmaster is our child, stopped by its pid.
+
+    As root the cluster runs as the ``postgres`` user (PostgreSQL refuses root), so the dir is made theirs."""
+    pg_bin = postgres_bin()
+    root = Path(tempfile.mkdtemp(prefix="thrifty-pg-"))
+    data, port, password = root / "data", free_port(), "thrifty-test"
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        import pwd
+
+        pw = pwd.getpwnam("postgres")
+        os.chown(root, pw.pw_uid, pw.pw_gid)
+        as_user = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--"]
+    (pwfile := root / "pw").write_text(password)
+    os.chmod(pwfile, 0o644)
+    postmaster = None
+    try:
+        init = subprocess.run([*as_user, str(pg_bin / "initdb"), "-D", str(data), "-U", "thrifty", "-A", "scram-sha-256",
+                               f"--pwfile={pwfile}", "-E", "UTF8", "--no-sync"],
+                              capture_output=True, text=True, timeout=120, cwd=root)
+        assert init.returncode == 0, f"initdb failed:\n{init.stdout}\n{init.stderr}"
+        log = open(root / "postgres.log", "w")
+        # fsync off: a test cluster that dies with the test needs no durability, and it is much faster on a busy disk
+        postmaster = subprocess.Popen([*as_user, str(pg_bin / "postgres"), "-D", str(data), "-h", "127.0.0.1",
+                                       "-p", str(port), "-k", str(root), "-c", "fsync=off",
+                                       "-c", "synchronous_commit=off", "-c", "max_connections=200"],
+                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=root)
+        log.close()
+        env = {**os.environ, "PGPASSWORD": password}
+        deadline = time.monotonic() + 60
+        while True:
+            assert postmaster.poll() is None, f"postgres exited {postmaster.returncode}:\n{tail(root / 'postgres.log')}"
+            made = subprocess.run([str(pg_bin / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "thrifty",
+                                   database], capture_output=True, text=True, env=env, timeout=30)
+            if made.returncode == 0:
+                break
+            assert time.monotonic() < deadline, f"createdb failed: {made.stderr}\n{tail(root / 'postgres.log')}"
+            time.sleep(0.3)
+        yield f"postgresql+asyncpg://thrifty:{password}@127.0.0.1:{port}/{database}"
+    finally:
+        if postmaster is not None and postmaster.poll() is None:
+            postmaster.send_signal(signal.SIGINT)  # "fast" shutdown: disconnect clients, stop cleanly
+            try:
+                postmaster.wait(30)
+            except subprocess.TimeoutExpired:
+                stop(postmaster)
+        shutil.rmtree(root, ignore_errors=True)

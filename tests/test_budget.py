@@ -135,6 +135,32 @@ def test_ledger_closes_an_attempt_its_watcher_left_open_at_the_nodes_last_sign_o
     assert (row.job_id, row.started_unix, row.ended_unix) == ("k", 100.0, 210.0)
 
 
+def test_a_node_process_killed_on_this_machine_is_gone_at_once_not_after_the_silence():
+    """A worker's machine that was also the node died (kill -9): a rerun on this machine need not wait
+    METER_STALE_S for the dead job's record to fall silent; a live process, or one on another host, still counts."""
+    import socket
+    import subprocess
+    import sys
+
+    from thrifty.ledger import MeterRecord
+    from thrifty.procs import process_started
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    started = process_started(proc.pid)
+
+    def meter(host: str) -> MeterRecord:
+        return MeterRecord(job_id="j", started_unix=100.0, last_unix=1_000.0, usd_per_hour=3.6, nodes=1, cloud="aws",
+                           instance="g5.xlarge", spot=True, host=host, pid=proc.pid, pid_started=started)
+
+    try:
+        assert not meter(socket.gethostname()).gone(1_001.0)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert meter(socket.gethostname()).gone(1_001.0)
+    assert not meter("another-node").gone(1_001.0)  # a node elsewhere: only its silence tells
+
+
 def test_the_node_matches_its_price_or_charges_the_dearest_it_may_be():
     from thrifty.meter import NodeIdentity, Price, match_price
 
@@ -385,7 +411,7 @@ def test_automations_file_loads_on_a_real_server(webhook):
             return names, again, stored
 
     names, again, stored = asyncio.run(go())
-    assert names == again == ["thrifty-budget-backstop", "thrifty-run-failed"]
+    assert names == again == ["thrifty-budget-backstop", "thrifty-run-failed", "thrifty-zombie-run"]
     assert "thrifty-budget-cutoff" not in stored, "the retired cut-off is removed"
     backstop = stored["thrifty-budget-backstop"].trigger
     assert backstop.posture == "Proactive" and backstop.after == {"thrifty.budget.exceeded"}
@@ -393,3 +419,15 @@ def test_automations_file_loads_on_a_real_server(webhook):
     assert stored["thrifty-budget-backstop"].actions[0].type == "cancel-flow-run"
     assert stored["thrifty-run-failed"].actions[0].type == "send-notification"
     assert len([a for a in stored.values() if a.name == "thrifty-budget-backstop"]) == 1
+    # a run whose heartbeats stop is marked Crashed, never one that still beats: every deployment beats at least
+    # three times within the window (prefect.yaml sets the beat; Prefect's own default, 180 s, would be too slow)
+    zombie = stored["thrifty-zombie-run"]
+    assert zombie.trigger.posture == "Proactive" and zombie.trigger.after == {"prefect.flow-run.heartbeat"}
+    assert zombie.actions[0].type == "change-flow-run-state" and zombie.actions[0].state.value == "CRASHED"
+    import yaml
+
+    from conftest import REPO
+
+    for dep in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]:
+        beat_s = int(dep["work_pool"]["job_variables"]["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"])
+        assert 30 <= beat_s and 3 * beat_s <= zombie.trigger.within.total_seconds(), dep["name"]

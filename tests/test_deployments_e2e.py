@@ -98,6 +98,14 @@ def test_alerts_webhook_must_be_a_url_for_a_custom_webhook_block():
     assert bad_url.value.exit_code == bad_block.value.exit_code == 2
 
 
+def test_pool_concurrency_must_be_positive_or_zero():
+    from deployments.deploy import DeployError, set_pool_concurrency
+
+    with pytest.raises(DeployError, match="at least 1") as err:
+        set_pool_concurrency(WORK_POOL, -1)  # checked before the server is asked
+    assert err.value.exit_code == 2
+
+
 # ---------------------------------------------------------------- slow: a real server, deploy, worker, run
 
 

@@ -346,6 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="notification block for failure alerts (default: custom-webhook/thrifty-alerts, if it exists)")
     p.add_argument("--alerts-webhook", default=None, metavar="URL",
                    help="create (or update) the custom-webhook block failure alerts post to, with this URL")
+    p.add_argument("--pool-concurrency", type=int, default=None, metavar="N",
+                   help="run at most N flow runs at once across all the pool's workers (0 removes the limit; "
+                        "default: leave the pool's limit as it is)")
     p.set_defaults(func="deploy")
     return parser
 

@@ -16,6 +16,7 @@ node's records. Both rules err towards counting more, never less.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -23,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from thrifty.procs import process_alive
 from thrifty.runs import run_key
 from thrifty.storage import NotFound, Store
 
@@ -75,9 +77,16 @@ class MeterRecord(BaseModel):
     instance: str
     spot: bool
     price_source: str = ""
+    host: str = ""  # the node's machine and rank-0 process: a node killed on the reader's machine is gone at once
+    pid: int = 0
+    pid_started: str = ""  # the process's start time as the kernel keeps it (a reused pid is another process)
 
     def gone(self, now: float) -> bool:
-        return self.ended_unix is not None or now - self.last_unix > METER_STALE_S
+        """It ended, fell silent for METER_STALE_S, or is a process of this machine that no longer exists (its
+        worker's machine was the node and it was killed: a rerun need not wait out the silence)."""
+        if self.ended_unix is not None or now - self.last_unix > METER_STALE_S:
+            return True
+        return bool(self.pid) and self.host == socket.gethostname() and not process_alive(self.pid, self.pid_started)
 
     def end_unix(self, now: float) -> float:
         """When it stopped billing: its end, else a beat after the last sign of life, else (alive) now."""

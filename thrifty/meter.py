@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -20,6 +21,7 @@ from typing import Callable, Mapping
 from thrifty.budget import TEARDOWN_S, over_cap, spend_usd, stop_margin_s
 from thrifty.config import ConfigError, RunConfig
 from thrifty.ledger import METER_BEAT_S, MeterRecord, read_attempts, write_meter
+from thrifty.procs import process_started
 from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, ENV_PRICES, SKYPILOT_JOB_PREFIX
 from thrifty.storage import Store
 
@@ -173,7 +175,8 @@ class NodeMeter:
         ended = now + TEARDOWN_S[self.cfg.compute.launcher] if end else None  # billed until the nodes are gone
         return MeterRecord(job_id=self.job_id, started_unix=self.started_unix, last_unix=now,
                            ended_unix=ended, end=end, usd_per_hour=p.usd_per_hour, nodes=self.nodes,
-                           cloud=p.cloud, instance=p.instance, spot=p.spot, price_source=self.price_note)
+                           cloud=p.cloud, instance=p.instance, spot=p.spot, price_source=self.price_note,
+                           host=socket.gethostname(), pid=os.getpid(), pid_started=process_started(os.getpid()))
 
     def beat(self, force: bool = False) -> None:
         """Rewrite this attempt's record and re-read the ledger, at most once per ``METER_BEAT_S`` unless forced."""
