@@ -209,10 +209,18 @@ def choose_mtbp(store: Store | None, cloud: str | None, instance: str | None, sp
     return MtbpChoice(config_s, "config", f"{fallback}; {'; '.join(notes)}")
 
 
+def config_mtbp(cfg: RunConfig) -> MtbpChoice:
+    """The config's guess: what a fixed ``checkpoint_every`` carries along, and what ranks other than 0 start with."""
+    return MtbpChoice(cfg.train.mean_time_between_preemptions_s, "config", "train.mean_time_between_preemptions_s")
+
+
 def node_mtbp(store: Store, cfg: RunConfig, price: Price | None) -> MtbpChoice:
     """What ``checkpoint_every: auto`` plans with on a node: the choice for the instance its meter matched (``price``,
-    None when no launcher named one: a machine of one's own, nothing to preempt it but the config's guess)."""
+    None when no launcher named one: a machine of one's own, nothing to preempt it but the config's guess); the
+    config's value when the interval is fixed (nothing is read)."""
     config_s = cfg.train.mean_time_between_preemptions_s
+    if cfg.train.checkpoint_every != "auto":
+        return config_mtbp(cfg)
     if price is None:
         return MtbpChoice(config_s, "config", "train.mean_time_between_preemptions_s (no launcher named this "
                                               "node's instance)")

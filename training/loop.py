@@ -25,7 +25,7 @@ from thrifty.config import ConfigError, RunConfig
 from thrifty import lease
 from thrifty.faults import fault_point
 from thrifty.meter import NodeMeter, node_job_id
-from thrifty.preemption import MtbpChoice, node_mtbp
+from thrifty.preemption import config_mtbp, node_mtbp
 from thrifty.protocol import ENV_LEASE_TOKEN
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
@@ -223,8 +223,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     metrics = MetricsWriter(store, run_id) if dist.is_main else None
     emit = metrics.write if metrics else (lambda record: None)
     # auto plans from the instance's preemption data: the store's ledgers, the shipped traces, else the config
-    mtbp = node_mtbp(store, cfg, meter.price if meter else None) if tc.checkpoint_every == "auto" and dist.is_main \
-        else MtbpChoice(tc.mean_time_between_preemptions_s, "config", "train.mean_time_between_preemptions_s")
+    mtbp = node_mtbp(store, cfg, meter.price if meter else None) if dist.is_main else config_mtbp(cfg)
     schedule = CheckpointSchedule(tc.checkpoint_every, mtbp.mtbp_s, state.step, mtbp.source)
     stop = StopSignal().install()
     emit({"event": "start", "step": state.step, "total_steps": total_steps, "resumes": state.resumes,

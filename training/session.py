@@ -28,6 +28,7 @@ import torch
 from thrifty.config import ConfigError, RunConfig, config_from_env, load_config
 from thrifty.faults import fault_point
 from thrifty.meter import NodeMeter
+from thrifty.preemption import config_mtbp, node_mtbp
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.script import ENV_STATUS, ENV_STEP_LIMIT, SessionStatus, is_script, script_params
@@ -131,9 +132,9 @@ class Session:
         self._started = False
         self.stopper = EarlyStopping(es.mode, es.patience, es.min_delta, es.enabled)
         self.ckpts = CheckpointManager(self.store, self.run_id, tc.keep_last, es.mode)
-        self.schedule = CheckpointSchedule(tc.checkpoint_every, tc.mean_time_between_preemptions_s, 0)
         self.meter: NodeMeter | None = None
         self.metrics: MetricsWriter | None = None
+        mtbp = config_mtbp(cfg)
         if self.is_main:
             swept = self.store.sweep(run_key(self.run_id))
             if swept:
@@ -142,6 +143,8 @@ class Session:
             self.metrics = MetricsWriter(self.store, self.run_id)
             if self.meter is not None and self.meter.over_cap(save_s=0.0, step_s=0.0):
                 self.stop_reason = "budget"
+            mtbp = node_mtbp(self.store, cfg, self.meter.price if self.meter else None)  # as the loop plans auto
+        self.schedule = CheckpointSchedule(tc.checkpoint_every, mtbp.mtbp_s, 0, mtbp.source)
         self.stop = StopSignal().install()
         self._excepthook = sys.excepthook
         sys.excepthook = self._on_uncaught
