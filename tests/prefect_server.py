@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,15 +20,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from conftest import REPO, python_env
+from thrifty.launchers.base import free_loopback_port
 from deployments.deploy import WORK_POOL, WORK_POOL_TYPE
 
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _proc_table() -> dict[int, tuple[int, str]]:
@@ -94,7 +88,7 @@ class Server:
         self.home = home
         self.deploy_output: subprocess.CompletedProcess | None = None
         self.worker: subprocess.Popen | None = None
-        port = free_port()
+        port = free_loopback_port()
         self.url = f"http://127.0.0.1:{port}"
         self.api_url = f"{self.url}/api"
         self.env = {
@@ -212,7 +206,7 @@ def postgres_cluster(database: str = "prefect") -> Iterator[str]:
     As root the cluster runs as the ``postgres`` user (PostgreSQL refuses root), so the dir is made theirs."""
     pg_bin = postgres_bin()
     root = Path(tempfile.mkdtemp(prefix="thrifty-pg-"))
-    data, port, password = root / "data", free_port(), "thrifty-test"
+    data, port, password = root / "data", free_loopback_port(), "thrifty-test"
     as_user: list[str] = []
     if os.geteuid() == 0:
         import pwd
