@@ -92,23 +92,28 @@ def finished_summary(store: Store, run_id: str, training_fingerprint: str) -> Ru
     return None
 
 
+def read_jsonl(store: Store, key: str) -> list[dict[str, Any]]:
+    """The records of one JSON-lines object (a metrics file): [] when it is gone, a line still being written skipped."""
+    try:
+        text = store.get_bytes(key).decode()
+    except NotFound:
+        return []
+    records = []
+    for line in text.splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line still being written
+    return records
+
+
 def read_metrics(store: Store, run_id: str, since_unix: float = 0.0) -> list[dict[str, Any]]:
     """All metric records of the run, oldest attempt first (records after ``since_unix`` only)."""
     records: list[dict[str, Any]] = []
     for obj in store.list(run_key(run_id, "metrics") + "/"):
         if not obj.key.endswith(".jsonl") or obj.last_modified.timestamp() < since_unix:
             continue
-        try:
-            text = store.get_bytes(obj.key).decode()
-        except NotFound:
-            continue
-        for line in text.splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line still being written
-            if rec.get("time_unix", 0.0) >= since_unix:
-                records.append(rec)
+        records += [rec for rec in read_jsonl(store, obj.key) if rec.get("time_unix", 0.0) >= since_unix]
     return records
 
 

@@ -25,14 +25,14 @@ import math
 import statistics
 import time
 from collections import defaultdict
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from thrifty.config import ConfigError, RunConfig
 from thrifty.ledger import read_attempts
 from thrifty.pricing import accelerator_of
-from thrifty.storage import NotFound, Store
+from thrifty.runs import read_jsonl
+from thrifty.storage import Store
 
 REFERENCE = "A10G"
 # Assumed: one A10G trains this project's models this many times faster than its CPU smoke test (same code, same
@@ -149,20 +149,6 @@ def speeds_for(names: list[str], measured: dict[str, Measured], cpu_examples_per
 # ---------------------------------------------------------------- reading the store's measurements
 
 
-def _records(store: Store, key: str) -> list[dict[str, Any]]:
-    try:
-        text = store.get_bytes(key).decode()
-    except NotFound:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line still being written
-    return out
-
-
 def measured_speeds(store: Store, key: str, now: float | None = None) -> dict[str, Measured]:
     """Per accelerator NAME, the measured speed of the model ``key`` (:func:`speed_key`) over every run in the store.
 
@@ -184,7 +170,7 @@ def measured_speeds(store: Store, key: str, now: float | None = None) -> dict[st
         if not attempts:
             continue
         for k in sorted(keys):
-            records = _records(store, k)
+            records = read_jsonl(store, k)
             start = next((r for r in records if r.get("event") == "start"), None)
             if start is None or start.get("speed_key") != key or str(start.get("device", "cpu")).startswith("cpu"):
                 continue
