@@ -86,7 +86,8 @@ class TrainResult:
     step: int
 
 
-def _check_compatible(cfg: RunConfig, saved_cfg: dict[str, Any], run_id: str) -> None:
+def check_compatible(cfg: RunConfig, saved_cfg: dict[str, Any], run_id: str) -> None:
+    """A checkpoint written under ``saved_cfg`` may resume under ``cfg`` (the loop's and a script session's rule)."""
     if saved_cfg.get("recipe") != cfg.recipe:
         raise IncompatibleCheckpoint(
             f"run {run_id!r} has checkpoints from recipe {saved_cfg.get('recipe')!r}, but this config uses "
@@ -190,7 +191,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     loaded = ckpts.load_latest()
     if loaded is not None:
         info, saved = loaded
-        _check_compatible(cfg, json.loads(saved["config"]), run_id)
+        check_compatible(cfg, json.loads(saved["config"]), run_id)
         try:
             model.load_state_dict(saved["model"])
         except RuntimeError as exc:

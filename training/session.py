@@ -36,7 +36,7 @@ from thrifty.storage import open_store
 from training.checkpoint import CheckpointManager
 from training.data import epoch_permutation
 from training.early_stopping import EarlyStopping
-from training.loop import _check_compatible, one_trainer
+from training.loop import check_compatible, one_trainer
 from training.progress import CheckpointSchedule, MetricsWriter
 from training.runtime import Dist, StopSignal, rng_state, seed_everything, set_rng_state, weights_sha256
 
@@ -164,7 +164,7 @@ class Session:
         if meta is None:
             raise ScriptError(f"run {self.run_id!r} has a checkpoint (step {info.step}) not written by a "
                               "thrifty session; use a new run_name")
-        _check_compatible(self.cfg, json.loads(meta["config"]), self.run_id)
+        check_compatible(self.cfg, json.loads(meta["config"]), self.run_id)
         self.stopper.load_state_dict(meta["early_stopping"])
         set_rng_state(meta["rng"])
         self.step = info.step
