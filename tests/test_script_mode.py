@@ -43,6 +43,10 @@ for step in range(start + 1, 51):
         sess.save({"w": w}, step)
     if stop:
         break
+    if mode == "exit-on-notice" and step == 20:  # a framework that ends the fit itself on SIGTERM (Lightning does)
+        sess.save({"w": w}, step)
+        os.kill(os.getpid(), 15)
+        sys.exit(0)
 '''
 
 
@@ -150,6 +154,17 @@ def test_a_script_that_never_saves_fails_the_job_with_exit_2(tmp_path, bad_scrip
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err
     assert "without a single sess.save(state, step)" in err
+
+
+@pytest.mark.slow
+def test_a_script_that_exits_on_a_notice_without_asking_is_interrupted_not_complete(tmp_path, bad_script):
+    config = write_config(tmp_path, "notice", f"python {bad_script} exit-on-notice")
+    proc = start(config, tmp_path)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    ends = [r for r in records(tmp_path / "store", "notice") if r.get("event") in ("interrupted", "end")]
+    assert [(r["event"], r["step"], r.get("reason")) for r in ends] == [("interrupted", 20, "signal")]
+    assert not (tmp_path / "store" / "runs" / "notice" / "summary.json").exists(), "not a finished run"
 
 
 # ---------------------------------------------------------------- crash safety

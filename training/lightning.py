@@ -39,7 +39,7 @@ class ThriftyCallback(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        sess = self.session  # its SIGTERM handler goes in before Lightning's, which then leaves it alone
+        sess = self.session
         loaded = sess.load_latest()
         if loaded is not None:
             step, checkpoint = loaded
@@ -48,6 +48,11 @@ class ThriftyCallback(pl.Callback):
             self._saved_step = step
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # fit() composed its own SIGTERM handler with the session's; Lightning's raises SystemExit at the next loop
+        # boundary it checks (after a batch, inside validation), before this callback can save. Make the session's
+        # the only one: the stop then comes through should_stop() below, with the step saved. (Lightning restores
+        # the handler it found, the session's, when the fit ends.)
+        self.session.stop.install()
         total = trainer.estimated_stepping_batches
         if isinstance(total, int) or (isinstance(total, float) and math.isfinite(total)):
             self.session.set_total_steps(int(total))

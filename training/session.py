@@ -354,6 +354,8 @@ class Session:
     def _verdict(self) -> tuple[str, int | None, str]:
         if self.status.exit_code == EXIT_BAD_INPUT:
             return self.status.ended, EXIT_BAD_INPUT, self.status.message
+        if self.stop_reason is None and self.stop.signum is not None:  # a script that exited on the notice without
+            self.stop_reason = "signal"  # asking should_stop(): interrupted, never "completed"
         if self._crashed:
             return "crashed", None, ""
         saved = self.status.last_saved_step if self.status.last_saved_step is not None else self.status.loaded_step
