@@ -5,7 +5,7 @@ trains a tiny run (so the code pages torch and the loop fault in are in the base
 counted as data), then preprocesses the big set in chunks and trains a small MLP for
 ``--steps`` steps over it through the real loop, printing peak RSS growth against the limit,
 preprocess MB/s and training samples/s. Side by side, the same optimizer steps are timed on
-the big set's memory-mapped shards and on an in-memory copy of a slice that fits, in
+the big set's shards (read with preadv) and on an in-memory copy of a slice that fits, in
 alternating rounds: the ratio is what reading from shards costs.
 
     python bench/bench_bigdata.py                      # 2 GiB vs a 192 MiB limit, ~3 min on a 2-core CPU
@@ -80,7 +80,7 @@ def main() -> int:
     ap.add_argument("--features", type=int, default=256, help="float32 features per row")
     ap.add_argument("--chunk-mib", type=float, default=16, help="rows per chunk preprocess yields (MiB)")
     ap.add_argument("--shard-mib", type=float, default=32, help="SHARD_BYTES (MiB)")
-    ap.add_argument("--resident-mib", type=float, default=32, help="RESIDENT_BYTES: shard pages kept mapped (MiB)")
+    ap.add_argument("--resident-mib", type=float, default=32, help="RESIDENT_BYTES: arrays up to this are mapped, larger ones read with preadv (MiB)")
     ap.add_argument("--steps", type=int, default=2000, help="optimizer steps of the training run")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--compare-steps", type=int, default=300, help="steps per side-by-side round")

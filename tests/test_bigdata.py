@@ -21,7 +21,7 @@ from stores import apply_env
 from thrifty.config import ConfigError, build_config
 from thrifty.shards import read_manifest
 from thrifty.storage import open_store
-from training.data import ShardedArray, cache_key, ensure_shards, load_split, open_cache
+from training.data import FileRows, ShardedArray, cache_key, ensure_shards, load_split, open_cache
 from training.loop import train
 from training.recipes import Dataset
 from training.recipes import synthetic
@@ -215,24 +215,31 @@ def test_kill_9_while_preprocessing_leaves_no_committed_entry_and_the_next_run_r
 # ---------------------------------------------------------------- the reader
 
 
-def test_take_over_many_shards_matches_one_array_and_releases_pages(tmp_path, small_shards, monkeypatch):
+def test_take_over_many_shards_matches_one_array_mapped_or_read(tmp_path, small_shards, monkeypatch):
     recipe = synthetic.recipe()
     params = recipe.parse_params({"rows": 3000, "val_rows": 500, "features": 16, "chunk_rows": 999})
     store = open_store(str(tmp_path / "store"))
     cache = ensure_shards(store, recipe, params)
-    x = load_split(store, cache.manifest, "train").arrays["x"]
     expected = synthetic._rows(params, "train", 0, 3000)["x"]
-    released = []
-    monkeypatch.setattr(data, "RESIDENT_BYTES", 64 * 2**10)
-    monkeypatch.setattr(ShardedArray, "release", lambda self, real=ShardedArray.release: (released.append(1),
-                                                                                         real(self)))
+    mapped = load_split(store, cache.manifest, "train").arrays["x"]
+    monkeypatch.setattr(data, "RESIDENT_BYTES", 64 * 2**10)  # 188 KiB of x: over it, nothing is mapped
+    reads = []
+    real_preadv = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, at: (reads.append(at), real_preadv(fd, bufs, at))[1])
+    read = load_split(store, cache.manifest, "train").arrays["x"]
+    assert len(read.parts) == 12 and all(isinstance(p, FileRows) for p in read.parts)
+    assert not any(isinstance(p, FileRows) for p in mapped.parts)
     for seed in range(5):
         idx = np.random.default_rng(seed).permutation(3000)[:257]
-        np.testing.assert_array_equal(x.take(idx), expected[idx])
-    assert len(x.parts) == 12 and released  # pages were released, and the rows read after it are still right
-    np.testing.assert_array_equal(x.take(np.arange(2990, 3000)), expected[2990:])
+        np.testing.assert_array_equal(read.take(idx), expected[idx])
+        np.testing.assert_array_equal(mapped.take(idx), expected[idx])
+    assert len(reads) == 5 * 257  # one positioned read per scattered row
+    reads.clear()
+    np.testing.assert_array_equal(read.take(np.arange(2990, 3000)), expected[2990:])
+    np.testing.assert_array_equal(read.take(np.arange(0, 200)), expected[:200])
+    assert len(reads) == 1 + 1  # a run of rows in one shard is one read (the first 200 rows: shard 0 holds 250)
     np.testing.assert_array_equal(ShardedArray([expected[:100], expected[100:]]).take(np.array([150, 3, 99])),
-                                  expected[[150, 3, 99]])  # in-memory parts: nothing to release
+                                  expected[[150, 3, 99]])  # in-memory parts
 
 
 def test_object_store_shards_are_fetched_to_disk_and_a_damaged_local_copy_is_fetched_again(
@@ -292,7 +299,7 @@ print(json.dumps({"growth_bytes": (peak - base) * 1024, "steps": result.summary.
 def test_a_set_several_times_the_rss_budget_preprocesses_and_trains_under_it(tmp_path):
     params = {"rows": 65536, "val_rows": 4096, "features": 256, "chunk_rows": 4096}  # 68 MiB of float32 rows
     data_bytes = (params["rows"] + params["val_rows"]) * params["features"] * 4
-    budget = 32 * 2**20  # measured ~14 MiB (4 MiB chunks, 1 MiB shards, 4 MiB mapped); ~70 MiB if pages stay mapped
+    budget = 32 * 2**20  # 4 MiB chunks, 1 MiB shards; x (64 MiB) is over RESIDENT_BYTES: read with preadv, never mapped
     out = subprocess.run([PYTHON, "-c", RSS_PROBE, str(tmp_path / "store"), json.dumps(params)], env=python_env(),
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]

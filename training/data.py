@@ -34,13 +34,11 @@ __all__ = ["CacheResult", "DamagedCache", "ShardedArray", "Split", "SizeCheck", 
 
 log = logging.getLogger("thrifty.data")
 
-# Shard pages a reader has touched stay mapped into the process (and count in its RSS) until released; past this
-# many bytes per array they are released (madvise DONTNEED: the page cache keeps them, a re-read is a minor fault),
-# so reading a data set larger than memory keeps RSS near this, not near the data set.
+# An array whose shards total more than this is read with positioned reads (``os.preadv``) instead of a memory map:
+# nothing is mapped into the process, so RSS does not grow with what is read (the page cache holds the file and
+# is not the process's), and a random row costs one system call instead of a page fault that maps the 2 MiB
+# folio around it. Arrays this size or smaller are mapped whole: indexing a mapped array is the fastest read.
 RESIDENT_BYTES = 128 * 2**20
-# what one touched row may map: the page cache holds files in large folios (2 MiB measured on ext4, kernel 6.18)
-# and a fault maps the whole folio around the row, so a random row costs up to this much RSS until released
-_MAPPED_PER_TOUCH_BYTES = 2 * 2**20
 
 
 def cache_key(recipe: Recipe, params: RecipeParams) -> str:
@@ -63,62 +61,86 @@ class CacheResult:
     seconds: float
 
 
+class FileRows:
+    """The rows of one ``.npy`` shard on local disk, read with ``os.preadv`` into the caller's buffer.
+
+    A batch of consecutive rows (an evaluation pass in order) is one read; scattered rows (a shuffled
+    training batch) are one read each, in file order. Holds one open descriptor, as a map would.
+    """
+
+    def __init__(self, path: Path, shape: tuple[int, ...], dtype: np.dtype, offset: int):
+        self.shape, self.dtype, self.offset = shape, dtype, offset
+        self.row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __del__(self) -> None:
+        fd = getattr(self, "fd", None)
+        if fd is not None:
+            os.close(fd)
+
+    def read_into(self, local: np.ndarray, out: np.ndarray) -> None:
+        """``out[i] = row local[i]`` for every i (``out``: C-contiguous, ``len(local)`` rows of this dtype)."""
+        if not len(local):
+            return
+        rb, buf = self.row_bytes, memoryview(out).cast("B")
+        first = int(local[0])
+        if int(local[-1]) - first == len(local) - 1 and (len(local) == 1 or bool(np.all(np.diff(local) == 1))):
+            self._read(buf, self.offset + first * rb)
+            return
+        order = np.argsort(local, kind="stable")  # file order: the disk and the page cache read ahead
+        for j, i in zip(order.tolist(), local[order].tolist()):
+            self._read(buf[j * rb : (j + 1) * rb], self.offset + i * rb)
+
+    def _read(self, buf: memoryview, at: int) -> None:
+        got = os.preadv(self.fd, [buf], at)
+        if got != len(buf):  # the verified shard changed under the reader
+            raise DamagedCache(f"a shard read returned {got} of {len(buf)} bytes at offset {at} (truncated?)")
+
+
 class ShardedArray:
     """Rows of one array spread over shards, read by global row index without concatenating.
 
-    ``take`` gathers a batch shard by shard (one fancy index per shard it touches), and keeps the
-    shard pages it has mapped under ``RESIDENT_BYTES`` by releasing them (``maps``: the shards'
-    mmaps, None for in-memory parts), so a pass over a data set larger than memory stays small.
+    ``take`` gathers a batch shard by shard (one gather per shard it touches). Parts are arrays (in
+    memory, or mapped shards of an array under ``RESIDENT_BYTES``) or ``FileRows`` (larger arrays:
+    positioned reads, nothing mapped), so a pass over a data set larger than memory stays small.
     """
 
-    def __init__(self, parts: list[np.ndarray], maps: list[mmap.mmap | None] | None = None):
+    def __init__(self, parts: list[np.ndarray | FileRows]):
         self.parts = parts
-        self.maps = maps if maps is not None else [None] * len(parts)
         self.offsets = np.cumsum([0] + [len(p) for p in parts])
         self.shape = (int(self.offsets[-1]),) + tuple(parts[0].shape[1:])
         self.dtype = parts[0].dtype
-        self.row_bytes = max(1, self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64)))
-        self._mapped: dict[int, int] = {}  # shard -> bytes its reads may have mapped since the last release
-        self._map_bytes = sum(len(m) for m in self.maps if m is not None)  # all of it mapped at once
 
     def __len__(self) -> int:
         return self.shape[0]
 
     def take(self, idx: np.ndarray) -> np.ndarray:
         idx = np.asarray(idx, dtype=np.int64)
-        if len(self.parts) == 1:
-            out = np.asarray(self.parts[0][idx])
-            self._account(0, idx)
-            return out
+        if len(self.parts) == 1 and not isinstance(self.parts[0], FileRows):
+            return np.asarray(self.parts[0][idx])
         which = np.searchsorted(self.offsets, idx, side="right") - 1
         out = np.empty((len(idx),) + self.shape[1:], dtype=self.dtype)
         order = np.argsort(which, kind="stable")  # group the batch by shard: one gather per shard touched
-        grouped = which[order]
-        bounds = np.flatnonzero(np.diff(grouped)) + 1
+        bounds = np.flatnonzero(np.diff(which[order])) + 1
         for sel in np.split(order, bounds):
+            if not len(sel):
+                continue
             s = int(which[sel[0]])
             local = idx[sel] - self.offsets[s]
-            out[sel] = self.parts[s][local]
-            self._account(s, local)
+            part = self.parts[s]
+            if isinstance(part, FileRows):
+                if len(sel) == len(idx):  # one shard: read straight into the batch
+                    part.read_into(local, out)
+                else:
+                    rows = np.empty((len(sel),) + self.shape[1:], dtype=self.dtype)
+                    part.read_into(local, rows)
+                    out[sel] = rows
+            else:
+                out[sel] = part[local]
         return out
-
-    def _account(self, shard: int, local: np.ndarray) -> None:
-        """Add what a read may have mapped (each row's folios, at most the span they cover and the shard)."""
-        if self._map_bytes <= RESIDENT_BYTES or self.maps[shard] is None or not len(local):
-            return  # (an array that fits under the limit whole never needs a release: no bookkeeping per batch)
-        span = (int(local.max()) - int(local.min()) + 1) * self.row_bytes + 2 * _MAPPED_PER_TOUCH_BYTES
-        scattered = len(local) * (self.row_bytes + _MAPPED_PER_TOUCH_BYTES)
-        self._mapped[shard] = self._mapped.get(shard, 0) + min(span, scattered, len(self.maps[shard]))
-        if sum(self._mapped.values()) > RESIDENT_BYTES:
-            self.release()
-
-    def release(self) -> None:
-        """Unmap the pages reads have touched; the data stays in the page cache (and the file), so nothing is lost."""
-        for shard in self._mapped:
-            m = self.maps[shard]
-            if m is not None and hasattr(m, "madvise"):
-                m.madvise(mmap.MADV_DONTNEED)
-        self._mapped.clear()
 
 
 class Split:
@@ -255,46 +277,57 @@ def _local_copy(store: Store, key: str, obj: str, shard: dict[str, Any], where: 
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
-def _map_npy(path: Path) -> tuple[np.ndarray, mmap.mmap | None]:
-    """A read-only array over the file's pages, and its mmap (kept so the reader can release pages it touched)."""
+def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """``(shape, dtype, offset of the data)`` of a C-ordered numeric ``.npy`` file."""
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
         read_header = _HEADER_READERS.get(version)
         if read_header is None:
             raise ValueError(f"unsupported .npy version {version}")
         shape, fortran, dtype = read_header(f)
-        offset = f.tell()
         if dtype.hasobject or fortran:
             raise ValueError("not a C-ordered array of numbers")
-        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize == 0:
-            return np.empty(shape, dtype=dtype), None
+        return tuple(shape), dtype, f.tell()
+
+
+def _map_npy(path: Path, header: tuple[tuple[int, ...], np.dtype, int]) -> np.ndarray:
+    """A read-only array over the file's pages."""
+    shape, dtype, offset = header
+    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize == 0:
+        return np.empty(shape, dtype=dtype)
+    with open(path, "rb") as f:
         m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    if hasattr(m, "madvise"):
-        m.madvise(mmap.MADV_RANDOM)
-    return np.ndarray(shape, dtype=dtype, buffer=m, offset=offset), m
+    return np.ndarray(shape, dtype=dtype, buffer=m, offset=offset)
 
 
-def _open_shard(store: Store, key: str, shard: dict[str, Any]) -> tuple[np.ndarray, mmap.mmap | None]:
+def _shard_path(store: Store, key: str, shard: dict[str, Any]) -> Path:
+    """The shard's verified local file (an object store's is fetched into this machine's cache first)."""
     obj = join_key(entry_prefix(key), shard["file"])
     where = f"{obj} in {store.uri}"
     path = store.local_path(obj)
-    if path is None:  # object store: fetched once into a local cache, verified by hash
-        path = _local_copy(store, key, obj, shard, where)
-    else:
-        _verify(path, shard, where)
-    try:
-        return _map_npy(path)
-    except (ValueError, OSError) as exc:  # a header the hash check let through cannot happen; a race can
-        raise DamagedCache(f"shard {where} cannot be read ({exc})") from None
+    if path is None:
+        return _local_copy(store, key, obj, shard, where)
+    _verify(path, shard, where)
+    return path
 
 
 def load_split(store: Store, manifest: dict[str, Any], split: str) -> Split:
     arrays = {}
     for name, spec in manifest["splits"][split].items():
-        opened = [_open_shard(store, manifest["key"], s) for s in spec["shards"]]
-        if not opened:  # a split with no rows has no shards
-            opened = [(np.empty([0, *spec["shape"][1:]], dtype=spec["dtype"]), None)]
-        arrays[name] = ShardedArray([a for a, _ in opened], [m for _, m in opened])
+        if not spec["shards"]:  # a split with no rows has no shards
+            arrays[name] = ShardedArray([np.empty([0, *spec["shape"][1:]], dtype=spec["dtype"])])
+            continue
+        mapped = sum(s["bytes"] for s in spec["shards"]) <= RESIDENT_BYTES
+        parts: list[np.ndarray | FileRows] = []
+        for shard in spec["shards"]:
+            path = _shard_path(store, manifest["key"], shard)
+            try:
+                header = _npy_header(path)
+                parts.append(_map_npy(path, header) if mapped else FileRows(path, *header))
+            except (ValueError, OSError) as exc:  # a header the hash check let through cannot happen; a race can
+                raise DamagedCache(f"shard {join_key(entry_prefix(manifest['key']), shard['file'])} in "
+                                   f"{store.uri} cannot be read ({exc})") from None
+        arrays[name] = ShardedArray(parts)
     return Split(arrays)
 
 
