@@ -123,7 +123,8 @@ def test_two_trainers_of_one_run_never_train_at_once(tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text(yaml.safe_dump({"run_name": "twice", "recipe": "digits", "store": str(tmp_path / "store"),
                                    "recipe_params": {"hidden": 512},
-                                   "train": {"max_epochs": 40, "micro_batch": 16, "checkpoint_every": 5,
+                                   # ~7 s of training: the second's start-up (~3 s) ends well inside it
+                                   "train": {"max_epochs": 25, "micro_batch": 16, "checkpoint_every": 5,
                                              "early_stopping": {"enabled": False}}}))
     run = [sys.executable, "-m", "training", "--config", str(cfg)]
     first = subprocess.Popen(run, env=python_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
