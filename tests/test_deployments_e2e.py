@@ -18,7 +18,7 @@ from prefect import Flow
 
 from deployments.deploy import WORK_POOL, WORK_POOL_TYPE
 from conftest import REPO, python_env
-from prefect_server import BIN, Server, deployed_server, stop, tail
+from prefect_server import BIN, Server, tail
 from thrifty.archive import build_settings
 from thrifty.config import build_config
 from thrifty.ledger import read_attempts
@@ -110,18 +110,15 @@ def test_pool_concurrency_must_be_positive_or_zero():
 
 
 @pytest.fixture(scope="module")
-def deployed(tmp_path_factory) -> Iterator[Server]:
-    """A fresh server with `thrifty deploy` run in the repo root, as a user would."""
-    with deployed_server(tmp_path_factory.mktemp("prefect-e2e")) as server:
-        assert f"work pool '{WORK_POOL}' ({WORK_POOL_TYPE}) created" in server.deploy_output.stderr
-        yield server
+def deployed(deployed_ui_server: Server) -> Server:
+    """A fresh server with `thrifty deploy` run in the repo root, as a user would (shared with test_ui_browser)."""
+    assert f"work pool '{WORK_POOL}' ({WORK_POOL_TYPE}) created" in deployed_ui_server.deploy_output.stderr
+    return deployed_ui_server
 
 
 @pytest.fixture(scope="module")
-def worker(deployed: Server) -> Iterator[subprocess.Popen]:
-    proc = deployed.spawn("worker", "worker", "start", "--pool", WORK_POOL)
-    yield proc
-    stop(proc)
+def worker(deployed: Server) -> subprocess.Popen:
+    return deployed.worker
 
 
 @pytest.mark.slow
