@@ -188,7 +188,7 @@ def test_train_deployment_runs_on_a_worker_and_survives_a_preemption(deployed, w
             assert worker.poll() is None, f"worker exited {worker.returncode}:\n{tail(deployed.home / 'worker.log')}"
             assert time.monotonic() < deadline, (f"flow run still {flow_run.state_name} after 4 min:\n"
                                                  f"{tail(deployed.home / 'worker.log')}")
-            time.sleep(1.0)
+            time.sleep(0.25)
     assert flow_run.state.is_completed(), \
         f"flow run ended {flow_run.state_name}: {flow_run.state.message}\n{tail(deployed.home / 'worker.log')}"
     assert flow_run.name == run_name  # flow_run_name="{config.run_name}"
@@ -226,7 +226,7 @@ def test_a_deployed_run_stopped_at_its_cap_ends_failed_with_its_report(deployed,
     with deployed.client() as client:
         while not ((flow_run := client.read_flow_run(flow_run_id)).state and flow_run.state.is_final()):
             assert time.monotonic() < deadline, f"still {flow_run.state_name}:\n{tail(deployed.home / 'worker.log')}"
-            time.sleep(1.0)
+            time.sleep(0.25)
     assert flow_run.state.type.value == "FAILED" and flow_run.state_name == "StoppedAtCap", \
         f"{flow_run.state_name}: {flow_run.state.message}\n{tail(deployed.home / 'worker.log')}"
     assert "stopped at its budget cap" in flow_run.state.message and "checkpoint at step" in flow_run.state.message
