@@ -18,8 +18,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/thrifty run --config examples/digits.yaml
 
+# --durations: every run (CI's too) lists its slowest tests, the budget is ~5 minutes on 2 cores
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=20
 
 clean:
 	rm -rf $(VENV) .thrifty

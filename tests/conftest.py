@@ -56,3 +56,15 @@ def prefect_harness():
 
 # object-store stand-ins (moto, gcp-storage-emulator, Azurite): one of each per session, started on first use
 from stores import azure_standin, backend, gcs_standin, loopback_only, s3_standin  # noqa: E402,F401
+# one deployed Prefect server (with its UI and a worker) for the modules that run flows through deployments
+from prefect_server import SHARED, deployed_ui_server  # noqa: E402,F401
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """The tests on the shared deployed server run one after another, where the first of them was: the server
+    starts once for all of them and is stopped after the last (an idle server and worker cost CPU beside the rest)."""
+    users = [item for item in items if SHARED in item.fixturenames]
+    if users:
+        first = items.index(users[0])
+        rest = [item for item in items if SHARED not in item.fixturenames]
+        items[:] = rest[:first] + users + rest[first:]

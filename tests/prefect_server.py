@@ -1,8 +1,9 @@
 """A real Prefect server on loopback for end-to-end tests: started with a private PREFECT_HOME, its clients' env,
 `thrifty deploy` and a process worker, and every process it started stopped with its children afterwards.
 
-tests/test_deployments_e2e.py and tests/test_ui_browser.py share it; each starts one server per module.
-tests/test_postgres_scale.py runs the server on a private PostgreSQL cluster (:func:`postgres_cluster`).
+tests/test_deployments_e2e.py and tests/test_ui_browser.py share one (:func:`deployed_ui_server`: a server start and
+a deploy are ~15 s); tests/test_work_pools.py starts its own (it moves the deployments to other pools) and
+tests/test_postgres_scale.py runs one on a private PostgreSQL cluster (:func:`postgres_cluster`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import sys
 import time
 import urllib.request
 import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+
+import pytest
 
 from conftest import REPO, python_env
 from thrifty.launchers.base import free_loopback_port
@@ -168,6 +171,34 @@ def deployed_server(home: Path, ui: bool = False, deploy_args: tuple[str, ...] =
         yield server
     finally:
         server.stop_all()
+
+
+SHARED = "deployed_ui_server"  # the fixture's name: the modules that request it run one after another (conftest)
+_shared: dict[str, Any] = {}  # the running server and the ExitStack that stops it
+
+
+def _next_module_uses_it(request: pytest.FixtureRequest) -> bool:
+    """Whether the module that runs right after this one requests the shared server too (then it stays up)."""
+    items = request.session.items
+    mine = [i for i, item in enumerate(items) if item.module is request.module]
+    following = items[mine[-1] + 1] if mine and mine[-1] + 1 < len(items) else None
+    return following is not None and SHARED in following.fixturenames
+
+
+@pytest.fixture(scope="module")
+def deployed_ui_server(tmp_path_factory, request) -> Iterator[Server]:
+    """A server with its UI, `thrifty deploy` run on it once (no alerts block: the deploy's 'next steps'), and a
+    process worker on its pool (``server.worker``, logging to worker.log). Kept up while the next module uses it too,
+    stopped after the last one, so it never idles beside unrelated tests."""
+    if "server" not in _shared:
+        stack = ExitStack()
+        server = stack.enter_context(deployed_server(tmp_path_factory.mktemp("prefect-deployed"), ui=True))
+        server.worker = server.spawn("worker", "worker", "start", "--pool", WORK_POOL)
+        _shared.update(server=server, stack=stack)
+    yield _shared["server"]
+    if not _next_module_uses_it(request):
+        _shared.pop("server")
+        _shared.pop("stack").close()  # the worker first, then the server (Server.stop_all)
 
 
 def wait_final(server: Server, flow_run_id: str, worker: subprocess.Popen | None = None,

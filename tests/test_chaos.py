@@ -60,16 +60,25 @@ class Progress:
 
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """The run never killed, on a file store: the summary both stores' chaos runs must end at (one run for both)."""
+    tmp = tmp_path_factory.mktemp("chaos-ref")
+    (private_tmp := tmp / "tmpdir").mkdir()
+    ref_config = tmp / "ref.json"
+    ref_config.write_text(json.dumps({**CONFIG, "run_name": "ref", "store": str(tmp / "ref-store")}))
+    ref = run(ref_config, {**python_env(), "TMPDIR": str(private_tmp), "THRIFTY_SPOOL": str(tmp / "spool")})
+    _, err = ref.communicate(timeout=180)
+    assert ref.returncode == 0, err[-3000:]
+    assert not [p for p in private_tmp.rglob("*") if "thrifty" in p.name], list(private_tmp.rglob("*"))
+    return json.loads((tmp / "ref-store" / "runs" / "ref" / "summary.json").read_text())
+
+
 @pytest.mark.parametrize("where", ["file", "s3"])
-def test_random_kills_and_sigterms_end_bit_exact_and_leave_nothing_behind(tmp_path, where, request):
+def test_random_kills_and_sigterms_end_bit_exact_and_leave_nothing_behind(tmp_path, where, request, reference):
     private_tmp = tmp_path / "tmpdir"
     private_tmp.mkdir()
     env = {**python_env(), "TMPDIR": str(private_tmp), "THRIFTY_SPOOL": str(tmp_path / "spool")}
-    ref_config = tmp_path / "ref.json"
-    ref_config.write_text(json.dumps({**CONFIG, "run_name": "ref", "store": str(tmp_path / "ref-store")}))
-    ref = run(ref_config, env)
-    assert ref.wait(timeout=180) == 0, ref.stderr.read()[-3000:]
-    reference = json.loads((tmp_path / "ref-store" / "runs" / "ref" / "summary.json").read_text())
 
     if where == "s3":
         s3_standin = request.getfixturevalue("s3_standin")

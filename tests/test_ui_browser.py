@@ -23,8 +23,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from deployments.deploy import WORK_POOL
-from prefect_server import Server, deployed_server, stop, tail, wait_final
+from prefect_server import Server, tail, wait_final
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -54,13 +53,9 @@ def shots(tmp_path_factory, request) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ui(tmp_path_factory) -> Iterator[Server]:
-    """One server with its UI for the module, deployed, with a worker serving the pool."""
-    with deployed_server(tmp_path_factory.mktemp("prefect-ui"), ui=True) as server:
-        worker = server.spawn("worker", "worker", "start", "--pool", WORK_POOL)
-        server.worker = worker
-        yield server
-        stop(worker)
+def ui(deployed_ui_server: Server) -> Server:
+    """The server with its UI, deployed, with a worker serving the pool (shared with test_deployments_e2e)."""
+    return deployed_ui_server
 
 
 @pytest.fixture(scope="module")
