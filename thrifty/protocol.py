@@ -29,3 +29,8 @@ SKYPILOT_JOB_PREFIX = "sky-"  # our ids of SkyPilot managed jobs: sky-<managed j
 
 STOP_KEY = "control/stop.json"  # the launcher asks a job to checkpoint and stop (names the job)
 STOPPED_KEY = "control/stopped-{job}.json"  # the node's answer: checkpoint saved, safe to tear down
+
+# ---------------------------------------------------------------- names on the Prefect server
+
+TRAINING_JOBS_LIMIT = "thrifty-training-jobs"  # global concurrency limit a flow's training job holds a slot of
+#                                                (flows.slots; set by `thrifty deploy --pool-concurrency`)
