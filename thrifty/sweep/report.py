@@ -34,8 +34,11 @@ class Saving(BaseModel):
 
 
 def saving(trials: list[TrialState], full_epochs: int) -> Saving:
+    """Each trial that ran, trained on in one go to the full budget: what it spent (one start-up and its epochs so
+    far) plus its remaining epochs at its own measured cost per epoch. A trial that finished cost what it cost."""
     ran = [t for t in trials if t.reached and t.spent_usd > 0]
-    full = sum(t.spent_usd if t.status == "finished" else t.spent_usd / t.reached * full_epochs for t in ran)
+    full = sum(t.spent_usd + (0 if t.status == "finished" else max(0, full_epochs - t.reached) * t.epoch_usd)
+               for t in ran)
     return Saving(spent_usd=sum(t.spent_usd for t in trials), full_usd=full, trials=len(ran))
 
 
@@ -106,3 +109,22 @@ def svg(points: list[ChartPoint], mode: str, metric: str, max_usd: float | None 
     parts += [f'<circle cx="{x(p.spend_usd):.1f}" cy="{y(p.value):.1f}" r="3.5" fill="{POINT_COLOUR}">'
               f'<title>{escape(p.label)}</title></circle>' for p in points]
     return "".join(parts + ["</svg>"])
+
+
+class SweepResult(BaseModel):
+    """The sweep flow's return value (what ``thrifty sweep`` prints)."""
+
+    name: str
+    metric: str
+    mode: str
+    best_run: str | None = None
+    best_values: dict[str, Any] = {}
+    best_value: float | None = None
+    best_epochs: int = 0
+    best_config: dict[str, Any] | None = None  # the winner's RunConfig as JSON, to train or deploy
+    gold: str | None = None  # the key prefix marked gold (kept hot by archival)
+    spent_usd: float
+    max_usd: float
+    full_usd: float  # the same trials, each trained to max_epochs
+    saved_fraction: float
+    leaderboard: list[dict[str, Any]]

@@ -30,6 +30,7 @@ class TrialState(BaseModel):
     spent_usd: float = 0.0  # from the run's ledger: the one bookkeeping
     gpu_hours: float = 0.0
     billed_hours: float = 0.0  # wall hours its attempts were billed (all nodes)
+    epoch_usd: float = 0.0  # what one more epoch costs at its jobs' measured step time (no start-up)
     cap_usd: float | None = None  # the running job's budget.max_usd: what the trial may have spent when it ends
     cap_gpu_hours: float | None = None
     launches: int = 0

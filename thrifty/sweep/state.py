@@ -13,7 +13,7 @@ import time
 from pydantic import BaseModel, Field
 
 from thrifty.budget import gpu_hours, gpus_per_node, spend_usd
-from thrifty.config import ConfigError
+from thrifty.config import ConfigError, RunConfig
 from thrifty.ledger import read_attempts
 from thrifty.runs import finished_summary, read_metrics
 from thrifty.storage import NotFound, Store, join_key
@@ -56,7 +56,7 @@ def load_state(store: Store, cfg: SweepConfig, now: float | None = None) -> Swee
     trials = [kept.get(i, fresh[i]) for i in range(cfg.max_trials)] + [t for t in saved.trials if t.index >= cfg.max_trials]
     for t in trials:
         if t.status == "running":  # the search was killed while this job ran: it resumes from its checkpoint
-            t.status, t.cap_usd, t.cap_gpu_hours = "paused", None, None
+            t.status = "paused"  # (its cap is kept until the flow has seen the job gone)
     return saved.model_copy(update={"trials": trials, "ended": False})
 
 
@@ -64,6 +64,16 @@ def rung_metrics(records: list[dict], metric: str) -> dict[int, float]:
     """The metric at each milestone, from the ``rung`` records the trial's jobs wrote when they stopped there."""
     return {int(r["epoch"]): float(r[metric]) for r in records
             if r.get("event") == "rung" and r.get("epoch") is not None and r.get(metric) is not None}
+
+
+def epoch_usd(records: list[dict], run_cfg: RunConfig, usd_per_hour: float) -> float:
+    """What one more epoch of this trial costs at the speed its jobs measured (training steps only, no start-up)."""
+    steps = sorted(float(r["step_time_s"]) for r in records if r.get("event") is None and r.get("step_time_s"))
+    start = next((r for r in records if r.get("event") == "start" and r.get("train_examples")), None)
+    if not steps or start is None:
+        return 0.0
+    per_epoch = run_cfg.train.steps_per_epoch(int(start["train_examples"]), int(start.get("world_size") or 1))
+    return steps[len(steps) // 2] * per_epoch / 3600.0 * usd_per_hour
 
 
 def observe(store: Store, cfg: SweepConfig, trial: TrialState, now: float | None = None) -> None:
@@ -75,7 +85,10 @@ def observe(store: Store, cfg: SweepConfig, trial: TrialState, now: float | None
     trial.gpu_hours = gpu_hours(attempts, gpus_per_node(run_cfg), now)
     trial.billed_hours = sum(a.hours(now) * a.nodes for a in attempts)
     metric = cfg.rank_metric
-    trial.metrics.update(rung_metrics(read_metrics(store, trial.run_name), metric))
+    records = read_metrics(store, trial.run_name)
+    trial.metrics.update(rung_metrics(records, metric))
+    if attempts:
+        trial.epoch_usd = epoch_usd(records, run_cfg, attempts[-1].usd_per_hour * attempts[-1].nodes)
     if trial.metrics:
         trial.reached = max(trial.reached, max(trial.metrics))
     summary = finished_summary(store, trial.run_name, run_cfg.training_fingerprint())
