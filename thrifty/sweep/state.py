@@ -57,6 +57,8 @@ def load_state(store: Store, cfg: SweepConfig, now: float | None = None) -> Swee
     for t in trials:
         if t.status == "running":  # the search was killed while this job ran: it resumes from its checkpoint
             t.status = "paused"  # (its cap is kept until the flow has seen the job gone)
+        elif t.status == "out_of_budget":  # refused for money last time: a start with larger caps tries again
+            t.status, t.note = ("paused" if t.reached else "pending"), ""
     return saved.model_copy(update={"trials": trials, "ended": False})
 
 
