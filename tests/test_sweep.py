@@ -190,3 +190,36 @@ def test_spend_stays_under_the_cap_with_concurrent_trials_reserving():
         for t in flying:
             t.spent_usd = t.cap_usd  # the worst case: each ends exactly at its cap
         assert sum(t.spent_usd for t in ts) <= max_usd + 1e-12
+
+
+# ---------------------------------------------------------------- a rung's end in the real training loop
+
+
+def test_rungs_continue_the_same_schedule_bit_exact(tmp_path, caplog):
+    """A run trained to epoch 1, then to 2, then to its end ends with the very weights of one trained straight
+    through: the LR schedule runs to max_epochs all along. A rung's end is no finish, and no 'changed setting'."""
+    from thrifty.runs import read_metrics, read_summary
+    from thrifty.storage import open_store
+    from training.loop import train
+
+    base = {"recipe": "digits", "store": str(tmp_path / "store"), "recipe_params": {"limit": 400, "dropout": 0.1},
+            "train": {"max_epochs": 3, "micro_batch": 32, "precision": "fp32", "checkpoint_every": 5,
+                      "early_stopping": {"patience": 50}}}
+    straight = train(build_config({**base, "run_name": "straight"}))
+    rung = {**base, "run_name": "rungs"}
+    first = train(build_config({**rung, "train": {**base["train"], "stop_at_epoch": 1}}))
+    store = open_store(base["store"])
+    assert first.status == "rung" and read_summary(store, "rungs") is None, "a rung's end is not a finish"
+    caplog.set_level("WARNING", logger="thrifty.train")
+    second = train(build_config({**rung, "train": {**base["train"], "stop_at_epoch": 2}}))
+    last = train(build_config(rung))
+    assert "changed settings" not in caplog.text, "only the rung moved: no warning about a changed setting"
+    assert second.status == "rung" and last.status == "completed"
+    assert last.summary.weights_sha256 == straight.summary.weights_sha256
+    assert last.summary.resumes == 2 and last.summary.steps == straight.summary.steps
+    rungs = [r for r in read_metrics(store, "rungs") if r.get("event") == "rung"]
+    assert [(r["epoch"], r["step"]) for r in rungs] == [(1, first.step), (2, second.step)]
+    assert second.step == 2 * first.step and all("val_loss" in r for r in rungs)
+    evals = {r["step"]: r["val_loss"] for r in read_metrics(store, "straight") if r.get("event") == "eval"}
+    assert [r["val_loss"] for r in rungs] == [evals[first.step], evals[second.step]], \
+        "the metric at a rung is the one the uninterrupted run measured there"
