@@ -94,7 +94,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for row in out.leaderboard:
         table.add_row(*(str(row.get(c, "")) if row.get(c) is not None else "-"
                         for c in ("trial", *cfg.space, "epochs", out.metric, "cost $", "state")))
-    Console().print(table)
+    Console(width=max(Console().width, 160)).print(table)  # the values' columns stay readable in a log
     if out.best_run:
         print(f"best: {out.best_run} {out.best_values}: {out.metric} {out.best_value:.5f} at epoch {out.best_epochs}; "
               f"gold weights {out.gold}")

@@ -5,6 +5,7 @@ flow end to end on digits (a learning rate far too small loses; a cap that force
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -223,3 +224,162 @@ def test_rungs_continue_the_same_schedule_bit_exact(tmp_path, caplog):
     evals = {r["step"]: r["val_loss"] for r in read_metrics(store, "straight") if r.get("event") == "eval"}
     assert [r["val_loss"] for r in rungs] == [evals[first.step], evals[second.step]], \
         "the metric at a rung is the one the uninterrupted run measured there"
+
+
+# ---------------------------------------------------------------- end to end: the flow on digits
+
+
+def digits_sweep(store: Path, name: str, max_usd: float, **extra) -> SweepConfig:
+    """5 trials, lr 1e-6 (far too small) or 3e-3, rungs 1 -> 3 -> 9 epochs, two at a time, on the local launcher."""
+    return build_sweep({
+        "name": name, "seed": 0, "max_trials": 5, "min_epochs": 1, "eta": 3, "max_epochs": 9, "concurrency": 2,
+        "max_usd": max_usd, "space": {"train.lr": {"choice": [1e-6, 3e-3]}, "train.seed": {"int": [0, 999]}},
+        "base": {"recipe": "digits", "store": str(store), "recipe_params": {"limit": 600},
+                 "train": {"micro_batch": 32, "precision": "fp32", "checkpoint_every": 5, "log_every": 5},
+                 "compute": {"emulate": "aws:g5.xlarge"}, "budget": {"stop_margin_s": 5}},
+        **extra})
+
+
+def ledger_rows(store: Path, run: str) -> list[dict]:
+    from thrifty.ledger import read_attempts
+    from thrifty.storage import open_store
+
+    return [a.row() for a in read_attempts(open_store(str(store)), run)]
+
+
+def run_records(store: Path, run: str) -> list[dict]:
+    from thrifty.runs import read_metrics
+    from thrifty.storage import open_store
+
+    return read_metrics(open_store(str(store)), run)
+
+
+def saved_state(store: Path, name: str) -> dict:
+    path = store / "sweeps" / name / "state.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def e2e_store(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("sweep") / "store"
+
+
+@pytest.mark.slow
+def test_killed_search_resumes_and_finds_the_known_answer(prefect_harness, e2e_store):
+    """The search is killed (its process and its jobs, as a machine dies) once two trials have a result and one
+    is training; started again it reruns nothing that had finished, the killed trial resumes from its
+    checkpoint, and the far-too-small learning rate loses."""
+    import psutil
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.sweep import sweep
+
+    cfg = digits_sweep(e2e_store, "lr", max_usd=1.0)
+    config_file = e2e_store.parent / "lr.json"
+    config_file.write_text(cfg.model_dump_json())
+    script = ("import sys; from thrifty.sweep import SweepConfig; from flows.sweep import sweep; "
+              "sweep(SweepConfig.model_validate_json(open(sys.argv[1]).read()), poll_s=0.2)")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(config_file)], cwd=REPO,
+                            env={**python_env(), "PREFECT_API_URL": PREFECT_API_URL.value()},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        state = saved_state(e2e_store, "lr")
+        done = [t for t in state.get("trials", []) if t["reached"] >= 1]
+        running = [t for t in state.get("trials", []) if t["status"] == "running"
+                   and any(r.get("event") == "checkpoint" for r in run_records(e2e_store, t["run_name"]))]
+        if len(done) >= 2 and running:
+            break
+        assert proc.poll() is None, "the search ended before it could be killed"
+        time.sleep(0.1)
+    else:
+        pytest.fail("the search never had two results and a trial with a checkpoint")
+    victims = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    for pid in victims:  # the flow and its training jobs at once: nothing is left to finish anything
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(10)
+    killed_unix = time.time()
+    killed_at = {t["run_name"]: t for t in saved_state(e2e_store, "lr")["trials"]}
+    before = {run: ledger_rows(e2e_store, run) for run in killed_at}
+    interrupted = [r for r, t in killed_at.items() if t["status"] == "running"]
+
+    t0 = time.time()
+    state = sweep(cfg, poll_s=0.2, return_state=True)
+    resume_s = time.time() - t0
+    assert state.is_completed(), state.message
+    out = state.result()
+
+    # the known answer: lr 1e-6 barely moves in 9 epochs; 3e-3 wins, and its best checkpoint is gold
+    assert out.best_values["train.lr"] == 3e-3 and out.best_epochs == 9
+    small = [r for r in out.leaderboard if r["train.lr"] == 1e-6]
+    assert small and all(r["state"] == "pruned" and r["epochs"] == 1 for r in small)
+    assert all(r["val_loss"] > out.best_value + 0.5 for r in small)
+    policy = json.loads((e2e_store / "archive-policy.json").read_text())
+    assert policy["gold"] == [out.gold] and out.gold.startswith(f"runs/{out.best_run}/ckpt/step-")
+    assert (e2e_store / out.gold / "COMMIT").exists(), "the gold mark names a committed checkpoint"
+    # nothing that had finished was trained again: their ledgers only grew by promotions after the kill
+    for run, t in killed_at.items():
+        after = ledger_rows(e2e_store, run)
+        assert [r["started_unix"] for r in after[:len(before[run])]] == [r["started_unix"] for r in before[run]]
+        if t["status"] in ("paused", "pruned") and t["reached"] and run not in interrupted:
+            rungs_after = [r["epoch"] for r in run_records(e2e_store, run) if r.get("event") == "rung"]
+            assert rungs_after.count(t["reached"]) == 1, f"{run}: its epoch-{t['reached']} rung ran once"
+    # the trial killed mid-rung resumed from its checkpoint, not from step 0
+    assert interrupted
+    for run in interrupted:
+        target = killed_at[run]["target"]
+        records = run_records(e2e_store, run)
+        restarts = [r["step"] for r in records if r.get("event") == "start" and r["time_unix"] > killed_unix]
+        reached = [r for r in records if r.get("event") == "rung" and r["epoch"] == target] or target == 9
+        assert reached and all(step > 0 for step in restarts), f"{run}: resumed from its checkpoint to {target}"
+    # money: the search's spend is its trials' ledgers, under the cap; every job kept its own cap
+    spent = sum(sum(r["usd_per_hour"] * r["nodes"] * ((r["ended_unix"] or time.time()) - r["started_unix"]) / 3600
+                    for r in ledger_rows(e2e_store, t["trial"])) for t in out.leaderboard)
+    assert out.spent_usd == pytest.approx(spent, rel=0.05) and 0 < out.spent_usd <= cfg.max_usd
+    assert out.full_usd > out.spent_usd, "training all five to 9 epochs costs more than the search"
+    # two jobs at a time, never more (the ledgers' billed intervals)
+    spans = sorted((r["started_unix"], r["ended_unix"]) for t in out.leaderboard
+                   for r in ledger_rows(e2e_store, t["trial"]))
+    overlap = max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans)
+    assert overlap == 2
+    # each trial is its own thrifty-train flow run, a child of the sweep's flow run
+    sweep_id = state.state_details.flow_run_id
+
+    async def children():
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+        async with get_client() as client:
+            return await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[sweep_id])))
+
+    kids = asyncio.run(children())
+    assert kids and all(k.name.startswith("lr-t") and k.state.is_final() for k in kids)
+    # the leaderboard artifact, with cost per trial and the saving
+    async def artifacts():
+        async with get_client() as client:
+            return {a.key: a for a in await client.read_latest_artifacts(limit=100) if a.key}
+
+    arts = asyncio.run(artifacts())
+    table = arts["thrifty-sweep-lr"].data
+    assert "cost $" in table and "cumulative $" in table and "lr-t00" in table
+    summary = arts["thrifty-sweep-summary-lr"].data
+    assert "saved" in summary and "data:image/svg+xml;base64," in summary and out.best_run in summary
+    print(f"resume took {resume_s:.1f} s; spent ${out.spent_usd:.5f}, all to the end ~${out.full_usd:.5f}")
+
+
+@pytest.mark.slow
+def test_a_cap_that_cannot_carry_every_trial_forces_pruning_and_holds(prefect_harness, e2e_store):
+    """$0.0016 covers two or three short jobs (each reserves its estimate x 1.5 plus 5 s to stop in): the rest
+    are refused with the reason, nothing is launched past the cap, and the spend stays under it."""
+    from flows.sweep import sweep
+
+    cfg = digits_sweep(e2e_store, "tight", max_usd=0.0016)
+    out = sweep(cfg, poll_s=0.2)
+    refused = [r for r in out.leaderboard if r["state"] == "out_of_budget"]
+    assert refused and all("cannot cover" in r["note"] for r in refused)
+    assert 0 < out.spent_usd <= cfg.max_usd
+    ran = [r for r in out.leaderboard if r["epochs"]]
+    assert ran and all(len(ledger_rows(e2e_store, r["trial"])) >= 1 for r in ran)
+    assert all(not ledger_rows(e2e_store, r["trial"]) for r in refused if not r["epochs"]), "refused: never rented"
