@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -23,7 +24,7 @@ SWEEP_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,57}$"  # + '-t000' stays wi
 class SweepConfig(_Frozen):
     """A search over RunConfig fields that cannot spend more than its caps."""
 
-    name: str = Field("digits-sweep", pattern=SWEEP_NAME_PATTERN,
+    name: str = Field("digits-sweep", min_length=1,  # its pattern is checked below (the UI shows a schema's raw regex)
                       description="The sweep id: trials train as runs NAME-t000, NAME-t001, ... and its state lives "
                       "under STORE/sweeps/NAME/; the same name resumes the search. 1-58 letters, digits, '.', '_', '-'.")
     base: RunConfig = Field(default_factory=RunConfig, description="The RunConfig every trial starts from (its "
@@ -50,6 +51,14 @@ class SweepConfig(_Frozen):
                                      "later than this many hours after the search first started (hours).")
     reserve_factor: float = Field(1.5, ge=1.0, le=10.0, description="Each launch reserves this multiple of its "
                                   "estimated cost to reach its milestone (headroom for a slow machine).")
+
+    @field_validator("name")
+    @classmethod
+    def _name_form(cls, v: str) -> str:
+        if not re.fullmatch(SWEEP_NAME_PATTERN, v):
+            raise ValueError("name must be 1-58 letters, digits, '.', '_' or '-', starting with a letter or digit "
+                             "(trial runs are NAME-t000, ...)")
+        return v
 
     @field_validator("space", mode="before")
     @classmethod
