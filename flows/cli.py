@@ -67,10 +67,10 @@ def sweep_config(args: argparse.Namespace) -> "SweepConfig":
 
     if not args.config:
         raise ConfigError("thrifty sweep needs --config FILE, a SweepConfig (see examples/sweep.yaml)")
+    from flows.sweep import check_sweep
+
     cfg = build_sweep(apply_overrides(read_config_file(args.config) or {}, args.overrides), args.config)
-    check_before_spending(cfg.trial(0, stop_at_epoch=cfg.rungs()[0]))
-    for index in {cfg.shape_key(i): i for i in range(cfg.max_trials)}.values():  # a recipe option per model shape
-        check_config(cfg.trial(index, stop_at_epoch=cfg.rungs()[0]))
+    check_sweep(cfg)  # exit 2 now, not after a flow has started
     return cfg
 
 

@@ -26,6 +26,7 @@ from tasks.smoke import smoke
 from tasks.sweep_report import mark_gold, sweep_report
 from thrifty import lease
 from thrifty.budget import gpus_per_node, stop_reserve_s
+from thrifty.config import ConfigError
 from thrifty.ledger import read_meters
 from thrifty.preflight import check_before_spending
 from thrifty.results import PrepResult, SmokeResult
@@ -90,14 +91,8 @@ class Search:
         key = self.config.shape_key(index)
         if key not in self.ready:
             cfg = self.config.trial(index, stop_at_epoch=self.rungs[0])
-            check_config(cfg)  # a recipe option that does not exist: exit 2, nothing launched
             prep = outcome_of(preprocess(cfg, return_state=True))
             result = step(smoke, cfg)
-            if self.config.rank_metric not in result.metrics_checked and result.metrics_checked:
-                from thrifty.config import ConfigError
-
-                raise ConfigError(f"'metric': the recipe reports {', '.join(result.metrics_checked)}, not "
-                                  f"{self.config.rank_metric!r}. Pick one of those.")
             self.ready[key] = (prep, result)
         return self.ready[key]
 
@@ -119,10 +114,22 @@ class Search:
             time.sleep(1.0)
 
 
+def check_sweep(config: SweepConfig) -> None:
+    """Everything a search could fail on before it launches anything (ConfigError, exit 2): every trial built, the
+    launcher, prices and store, each model shape's recipe options, and the ranking metric."""
+    config.check_trials()  # the UI's form skips build_sweep: every trial is built again here
+    first = config.trial(0, stop_at_epoch=config.rungs()[0])
+    check_before_spending(first)
+    for index in {config.shape_key(i): i for i in range(config.max_trials)}.values():
+        recipe, _ = check_config(config.trial(index, stop_at_epoch=config.rungs()[0]))
+        if recipe is not None and config.rank_metric not in recipe.metric_names():
+            raise ConfigError(f"'metric': recipe {recipe.name!r} reports {', '.join(recipe.metric_names())}, not "
+                              f"{config.rank_metric!r}. Pick one of those.")
+
+
 def search(config: SweepConfig, poll_s: float) -> SweepResult:
     logger = get_run_logger()
-    config.check_trials()  # the UI's form skips build_sweep: every trial is built again here
-    check_before_spending(config.trial(0, stop_at_epoch=config.rungs()[0]))
+    check_sweep(config)
     store = open_store(config.base.store)
     held = lease.acquire(store, f"sweep.{config.name}", f"sweep flow of {config.name}", ttl_s=LEASE_TTL_S)
     beat = lease.Heartbeat(held, 10.0)

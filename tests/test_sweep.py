@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -86,6 +87,21 @@ def test_stop_at_epoch_is_a_pause_not_a_new_training():
     assert paused.train.job_steps(1000, 1) == 3 * (1000 // 64) and cfg.train.job_steps(1000, 1) == 9 * (1000 // 64)
     with pytest.raises(ConfigError, match="stop_at_epoch 10 is past max_epochs 9"):
         build_config({"train": {"max_epochs": 9, "stop_at_epoch": 10}})
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"space": {"recipe_params.hiden": {"choice": [64, 128]}}}, "hiden.*not an option of this recipe"),
+    ({"metric": "val_f1", "mode": "max"}, "reports val_loss, val_accuracy, not 'val_f1'"),
+])
+def test_the_cli_refuses_a_bad_recipe_option_or_metric_with_exit_2(tmp_path, extra, match):
+    config = tmp_path / "sweep.json"
+    config.write_text(json.dumps({"name": "bad", "base": {**BASE, "store": str(tmp_path / "store")},
+                                  "space": {"train.lr": {"choice": [1e-3]}}, **extra}))
+    proc = subprocess.run([sys.executable, "-m", "thrifty.cli", "sweep", "--config", str(config)], cwd=REPO,
+                          env=python_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert re.search(match, proc.stderr.replace("\n", " ")), proc.stderr
+    assert not (tmp_path / "store").exists(), "nothing written, nothing launched"
 
 
 # ---------------------------------------------------------------- the scheduler
