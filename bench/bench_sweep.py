@@ -36,6 +36,7 @@ def sweep_config(store: Path, name: str, args: argparse.Namespace, full: bool):
     return build_sweep({
         "name": name, "seed": args.seed, "max_trials": args.trials, "eta": 3, "max_epochs": args.max_epochs,
         "min_epochs": args.max_epochs if full else 1, "concurrency": args.concurrency, "max_usd": 100.0,
+        "reserve_factor": 3.0,  # generous: a job its own cap stops would pay a second start-up in either arm
         "space": {"train.lr": {"log_uniform": [1e-5, 1e-2]}, "train.weight_decay": {"choice": [0.0, 0.01]}},
         "base": {"recipe": "digits", "store": str(store), "recipe_params": {"hidden": args.hidden},
                  "train": {"micro_batch": args.micro_batch, "precision": "fp32", "checkpoint_every": 1000000,

@@ -37,6 +37,7 @@ from thrifty.sweep.report import SweepResult
 from training.validate import check_config
 
 LEASE_TTL_S = 60.0  # one search per name: a second start while this one lives is refused
+MAX_CAP_STOPS = 2  # a milestone's jobs its own cap may stop before the trial counts as failed
 ORPHAN_WAIT_S = 120.0  # a killed search's local job ends by itself at its milestone or cap; wait this long for it
 
 
@@ -227,11 +228,17 @@ def settled(s: Search, t: TrialState, target: int, future: Future) -> None:
         s.decide(f"{t.run_name}: finished, {s.config.rank_metric}={t.score(t.reached)} ({t.note}); "
                  f"${t.spent_usd:.5f} in all")
     elif t.reached >= target:
-        t.target = None
+        t.target, t.cap_stops = None, 0
         t.note = f"epoch {target}: {s.config.rank_metric}={t.score(target):.5f}"
         s.decide(f"{t.run_name}: reached {t.note}; ${t.spent_usd:.5f} in all")
+    elif name == "StoppedAtCap" and t.cap_stops < MAX_CAP_STOPS:
+        # the estimate was short (a loaded machine): its checkpoint is kept, and it goes again first with an
+        # allowance from what it measured, if the search's caps can cover that
+        t.cap_stops += 1
+        t.note = f"its cap stopped it before epoch {target}; relaunched from its checkpoint at the measured speed"
+        s.decide(f"{t.run_name}: {t.note}", warn=True)
     else:
-        t.status = "failed"
-        t.note = (f"stopped at its budget cap before epoch {target}" if name == "StoppedAtCap" else
-                  f"ended {name} before epoch {target}: {message}")
+        t.status, t.target = "failed", None
+        t.note = (f"stopped at its budget cap before epoch {target} {t.cap_stops + 1} times" if name == "StoppedAtCap"
+                  else f"ended {name} before epoch {target}: {message}")
         s.decide(f"{t.run_name}: {t.note}", warn=True)

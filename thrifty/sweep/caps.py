@@ -68,7 +68,10 @@ def refusal(need: Need, trials: list[TrialState], max_usd: float, max_gpu_hours:
 
 
 def measured_per_epoch(trials: list[TrialState]) -> tuple[float, float]:
-    """The dearest dollars and billed hours per epoch any trial has paid so far (start-up included: conservative)."""
-    paid = [t for t in trials if t.reached and t.spent_usd > 0]
-    return (max((t.spent_usd / t.reached for t in paid), default=0.0),
-            max((t.billed_hours / t.reached for t in paid), default=0.0))
+    """The dearest dollars and hours per epoch any trial has paid so far: its spend per epoch reached (start-up
+    included) or its measured step time per epoch, whichever is more (conservative: a loaded machine counts)."""
+    usd = max([t.spent_usd / t.reached for t in trials if t.reached and t.spent_usd > 0] +
+              [t.epoch_usd for t in trials], default=0.0)
+    hours = max([t.billed_hours / t.reached for t in trials if t.reached and t.spent_usd > 0] +
+                [t.epoch_hours for t in trials], default=0.0)
+    return usd, hours

@@ -68,14 +68,14 @@ def rung_metrics(records: list[dict], metric: str) -> dict[int, float]:
             if r.get("event") == "rung" and r.get("epoch") is not None and r.get(metric) is not None}
 
 
-def epoch_usd(records: list[dict], run_cfg: RunConfig, usd_per_hour: float) -> float:
-    """What one more epoch of this trial costs at the speed its jobs measured (training steps only, no start-up)."""
+def epoch_hours(records: list[dict], run_cfg: RunConfig) -> float:
+    """How long one more epoch of this trial takes at the speed its jobs measured (training steps, no start-up)."""
     steps = sorted(float(r["step_time_s"]) for r in records if r.get("event") is None and r.get("step_time_s"))
     start = next((r for r in records if r.get("event") == "start" and r.get("train_examples")), None)
     if not steps or start is None:
         return 0.0
     per_epoch = run_cfg.train.steps_per_epoch(int(start["train_examples"]), int(start.get("world_size") or 1))
-    return steps[len(steps) // 2] * per_epoch / 3600.0 * usd_per_hour
+    return steps[len(steps) // 2] * per_epoch / 3600.0
 
 
 def observe(store: Store, cfg: SweepConfig, trial: TrialState, now: float | None = None) -> None:
@@ -90,7 +90,8 @@ def observe(store: Store, cfg: SweepConfig, trial: TrialState, now: float | None
     records = read_metrics(store, trial.run_name)
     trial.metrics.update(rung_metrics(records, metric))
     if attempts:
-        trial.epoch_usd = epoch_usd(records, run_cfg, attempts[-1].usd_per_hour * attempts[-1].nodes)
+        trial.epoch_hours = epoch_hours(records, run_cfg)
+        trial.epoch_usd = trial.epoch_hours * attempts[-1].usd_per_hour * attempts[-1].nodes
     if trial.metrics:
         trial.reached = max(trial.reached, max(trial.metrics))
     summary = finished_summary(store, trial.run_name, run_cfg.training_fingerprint())
