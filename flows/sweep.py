@@ -10,7 +10,11 @@ started again reruns nothing finished: the store says what each trial reached.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import os
+import signal
+import socket
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -75,6 +79,7 @@ class Search:
         self.rungs = config.rungs()
         self.ready: dict[str, tuple[PrepResult, SmokeResult]] = {}
         self.deadline = state.started_unix + config.max_wall_h * 3600.0 if config.max_wall_h else None
+        self.deadline_hit = False
 
     @property
     def trials(self) -> list[TrialState]:
@@ -108,6 +113,16 @@ class Search:
                         self.config.reserve_factor, target - t.reached, usd_epoch, hours_epoch)
         return cfg, need, smoke_result
 
+    def stop_at_deadline(self, in_flight: list[TrialState]) -> None:
+        """The wall clock ran out: each job in flight is told to stop as a spot notice would (SIGTERM: a checkpoint,
+        then exit 0); it keeps its checkpoint and the trial is launched no more."""
+        self.deadline_hit = True
+        for t in in_flight:
+            stopped = stop_local_jobs(self.store, t.run_name)
+            self.decide(f"{t.run_name}: the search's max_wall_h is up; " + (
+                f"its job was told to checkpoint and stop (pid {', '.join(map(str, stopped))})" if stopped else
+                "its job runs elsewhere and ends at its milestone or cap"), warn=True)
+
     def wait_for_orphan(self, t: TrialState) -> None:
         """A job a killed search left running trains on its own until its milestone or cap; let it end first."""
         give_up = time.time() + ORPHAN_WAIT_S
@@ -126,6 +141,17 @@ def check_sweep(config: SweepConfig) -> None:
         if recipe is not None and config.rank_metric not in recipe.metric_names():
             raise ConfigError(f"'metric': recipe {recipe.name!r} reports {', '.join(recipe.metric_names())}, not "
                               f"{config.rank_metric!r}. Pick one of those.")
+
+
+def stop_local_jobs(store: Store, run_name: str) -> list[int]:
+    """SIGTERM the run's live training processes on this machine (their meters name them); the pids signalled."""
+    now, stopped = time.time(), []
+    for m in read_meters(store, run_name):
+        if not m.gone(now) and m.pid and m.host == socket.gethostname():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(m.pid, signal.SIGTERM)
+                stopped.append(m.pid)
+    return stopped
 
 
 def search(config: SweepConfig, poll_s: float) -> SweepResult:
@@ -209,7 +235,10 @@ def run_trials(s: Search) -> None:
             s.save()
             if not in_flight:
                 return
-            done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+            timeout = None if s.deadline is None or s.deadline_hit else max(0.0, s.deadline - time.time())
+            done, _ = wait(list(in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+            if not done:  # the deadline came with jobs in flight
+                s.stop_at_deadline([t for t, _ in in_flight.values()])
             for future in done:
                 t, target = in_flight.pop(future)
                 settled(s, t, target, future)
@@ -231,6 +260,9 @@ def settled(s: Search, t: TrialState, target: int, future: Future) -> None:
         t.target, t.cap_stops = None, 0
         t.note = f"epoch {target}: {s.config.rank_metric}={t.score(target):.5f}"
         s.decide(f"{t.run_name}: reached {t.note}; ${t.spent_usd:.5f} in all")
+    elif s.deadline_hit:  # stopped at the search's deadline: paused with its checkpoint, never launched again
+        t.note = f"stopped at the search's deadline before epoch {target}; its checkpoint is kept"
+        s.decide(f"{t.run_name}: {t.note}", warn=True)
     elif name == "StoppedAtCap" and t.cap_stops < MAX_CAP_STOPS:
         # the estimate was short (a loaded machine): its checkpoint is kept, and it goes again first with an
         # allowance from what it measured, if the search's caps can cover that

@@ -210,6 +210,31 @@ def test_spend_stays_under_the_cap_with_concurrent_trials_reserving():
         assert sum(t.spent_usd for t in ts) <= max_usd + 1e-12
 
 
+def test_at_the_deadline_the_jobs_on_this_machine_are_told_to_stop(tmp_path):
+    """What the search does when max_wall_h runs out with trials in flight: SIGTERM (a spot notice: the trainer
+    checkpoints and exits 0) to each live job its meter names on this machine; none to a node elsewhere."""
+    import socket
+
+    from flows.sweep import stop_local_jobs
+    from thrifty.ledger import MeterRecord, write_meter
+    from thrifty.procs import process_started
+    from thrifty.storage import open_store
+
+    store = open_store(str(tmp_path / "store"))
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        now = time.time()
+        for job_id, host in (("here", socket.gethostname()), ("there", "another-node")):
+            write_meter(store, "s-t000", MeterRecord(
+                job_id=job_id, started_unix=now, last_unix=now, usd_per_hour=1.0, nodes=1, cloud="aws",
+                instance="g5.xlarge", spot=True, host=host, pid=job.pid, pid_started=process_started(job.pid)))
+        assert stop_local_jobs(store, "s-t000") == [job.pid]
+        assert job.wait(10) == -signal.SIGTERM
+        assert stop_local_jobs(store, "s-t000") == [], "a job that is gone is not signalled again"
+    finally:
+        job.kill()
+
+
 # ---------------------------------------------------------------- a rung's end in the real training loop
 
 
