@@ -36,7 +36,7 @@ def sweep_config(store: Path, name: str, args: argparse.Namespace, full: bool):
     return build_sweep({
         "name": name, "seed": args.seed, "max_trials": args.trials, "eta": 3, "max_epochs": args.max_epochs,
         "min_epochs": args.max_epochs if full else 1, "concurrency": args.concurrency, "max_usd": 100.0,
-        "reserve_factor": 3.0,  # generous: a job its own cap stops would pay a second start-up in either arm
+        "reserve_factor": 10.0,  # generous: a job its own cap stops pays a second start-up, in either arm
         "space": {"train.lr": {"log_uniform": [1e-5, 1e-2]}, "train.weight_decay": {"choice": [0.0, 0.01]}},
         "base": {"recipe": "digits", "store": str(store), "recipe_params": {"hidden": args.hidden},
                  "train": {"micro_batch": args.micro_batch, "precision": "fp32", "checkpoint_every": 1000000,
@@ -48,6 +48,7 @@ def sweep_config(store: Path, name: str, args: argparse.Namespace, full: bool):
 def arm(store: Path, name: str, args: argparse.Namespace, full: bool) -> dict:
     from flows.sweep import sweep
     from thrifty.ledger import read_attempts
+    from thrifty.runs import latest_progress, read_metrics
     from thrifty.storage import open_store
 
     cfg = sweep_config(store, name, args, full)
@@ -56,7 +57,13 @@ def arm(store: Path, name: str, args: argparse.Namespace, full: bool) -> dict:
     wall = time.perf_counter() - t0
     s = open_store(str(store))
     launches = sum(len(read_attempts(s, cfg.run_name(i))) for i in range(cfg.max_trials))
-    epochs = sum(r["epochs"] for r in out.leaderboard)
+    epochs = 0.0  # trained, early stops included: each run's newest step over its steps per epoch
+    for i in range(cfg.max_trials):
+        records = read_metrics(s, cfg.run_name(i))
+        start = next((r for r in records if r.get("event") == "start"), None)
+        if start:
+            per_epoch = cfg.trial(i).train.steps_per_epoch(int(start["train_examples"]), 1)
+            epochs += latest_progress(records).get("step", 0) / per_epoch
     return {"usd": out.spent_usd, "wall_s": wall, "launches": launches, "epochs": epochs, "best": out.best_value,
             "best_run": out.best_run, "best_values": out.best_values, "estimated_full_usd": out.full_usd,
             "metric": out.metric}
@@ -88,7 +95,7 @@ def main() -> None:
             ("wall time", f"{search['wall_s']:.0f} s", f"{full['wall_s']:.0f} s",
              f"{1 - search['wall_s'] / full['wall_s']:.0%} saved"),
             ("launches (ledger attempts)", str(search["launches"]), str(full["launches"]), ""),
-            ("epochs trained", str(search["epochs"]), str(full["epochs"]), ""),
+            ("epochs trained (early stops too)", f"{search['epochs']:.0f}", f"{full['epochs']:.0f}", ""),
             (f"best {search['metric']}", f"{search['best']:.4f}", f"{full['best']:.4f}",
              f"{search['best_run']} vs {full['best_run']}"),
             ("the search's estimate of full", f"${search['estimated_full_usd']:.5f}", f"${full['usd']:.5f} measured",
