@@ -277,7 +277,8 @@ def digits_sweep(store: Path, name: str, max_usd: float, **extra) -> SweepConfig
         "name": name, "seed": 0, "max_trials": 5, "min_epochs": 1, "eta": 3, "max_epochs": 9, "concurrency": 2,
         "max_usd": max_usd, "space": {"train.lr": {"choice": [1e-6, 3e-3]}, "train.seed": {"int": [0, 999]}},
         "base": {"recipe": "digits", "store": str(store), "recipe_params": {"limit": 600},
-                 "train": {"micro_batch": 32, "precision": "fp32", "checkpoint_every": 5, "log_every": 5},
+                 "train": {"micro_batch": 32, "precision": "fp32", "checkpoint_every": 5, "log_every": 5,
+                           "early_stopping": {"patience": 20}},  # the winner trains to epoch 9
                  "compute": {"emulate": "aws:g5.xlarge"}, "budget": {"stop_margin_s": 5}},
         **extra})
 
