@@ -126,7 +126,12 @@ class Search:
     def wait_for_orphan(self, t: TrialState) -> None:
         """A job a killed search left running trains on its own until its milestone or cap; let it end first."""
         give_up = time.time() + ORPHAN_WAIT_S
+        said = False
         while time.time() < give_up and any(not m.gone(time.time()) for m in read_meters(self.store, t.run_name)):
+            if not said:
+                self.logger.info("%s: a job the stopped search started is still training; waiting for it to end "
+                                 "(at its milestone or cap, up to %.0f s)", t.run_name, ORPHAN_WAIT_S)
+                said = True
             time.sleep(1.0)
 
 
