@@ -231,6 +231,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     schedule = CheckpointSchedule(tc.checkpoint_every, mtbp.mtbp_s, state.step, mtbp.source)
     stop = StopSignal().install()
     emit({"event": "start", "step": state.step, "total_steps": total_steps, "resumes": state.resumes,
+          **({"stop_step": stop_steps} if stop_steps < total_steps else {}),  # this job ends there (a search's rung)
           "precision": precision_name(amp), "device": str(device), "world_size": dist.world,
           "cache_key": cache.key, "cache_hit": cache.hit,
           # what lets `thrifty plan` and the budget gate reuse this attempt's speed (thrifty.throughput)
