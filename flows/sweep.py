@@ -30,12 +30,12 @@ from tasks.smoke import smoke
 from tasks.sweep_report import mark_gold, sweep_report
 from thrifty import lease
 from thrifty.budget import gpus_per_node, stop_reserve_s
-from thrifty.config import ConfigError
+from thrifty.config import ConfigError, RunConfig
 from thrifty.ledger import read_meters
 from thrifty.preflight import check_before_spending
 from thrifty.results import PrepResult, SmokeResult
 from thrifty.storage import Store, open_store
-from thrifty.sweep import (SweepConfig, SweepState, TrialState, best_trial, load_state, measured_per_epoch,
+from thrifty.sweep import (Need, SweepConfig, SweepState, TrialState, best_trial, load_state, measured_per_epoch,
                            need_for, next_job, observe, refusal, save_state, settle)
 from thrifty.sweep.report import SweepResult
 from training.validate import check_config
@@ -102,7 +102,7 @@ class Search:
             self.ready[key] = (prep, result)
         return self.ready[key]
 
-    def plan(self, t: TrialState, target: int):
+    def plan(self, t: TrialState, target: int) -> tuple[RunConfig, Need, SmokeResult]:
         """The job's config (without its caps yet) and what it needs from the caps."""
         prep, smoke_result = self.prepared(t.index)
         cfg = self.config.trial(t.index, stop_at_epoch=target)
