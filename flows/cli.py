@@ -1,17 +1,23 @@
-"""The Prefect commands of ``thrifty``: ``run`` (the train pipeline) and ``archive --apply`` (the archival flow)."""
+"""The Prefect commands of ``thrifty``: ``run`` (the train pipeline), ``sweep`` (the search) and ``archive --apply``
+(the archival flow)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from flows.hooks import ENDS
 from thrifty.cli import config_for_today
+from thrifty.config import ConfigError
 from thrifty.preflight import check_before_spending
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED, EXIT_OK
 from training.validate import check_config
+
+if TYPE_CHECKING:
+    from thrifty.sweep import SweepConfig
 
 EXIT_CODES = {"StoppedAtCap": EXIT_BUDGET, "BadInput": EXIT_BAD_INPUT}  # by the flow's final state
 
@@ -51,6 +57,49 @@ def cmd_run(args: argparse.Namespace) -> int:
     table.add_row("cost (emulated)", f"${out.cost_usd:.5f} spent by earlier jobs of this run"
                   if out.already_finished else f"${out.cost_usd:.5f} vs ${out.on_demand_usd:.5f} on-demand")
     Console().print(table)
+    return EXIT_OK
+
+
+def sweep_config(args: argparse.Namespace) -> "SweepConfig":
+    """The SweepConfig from ``--config`` (YAML or JSON) and ``--set`` overrides, every trial built and checked."""
+    from thrifty.config import apply_overrides, read_config_file
+    from thrifty.sweep import build_sweep
+
+    if not args.config:
+        raise ConfigError("thrifty sweep needs --config FILE, a SweepConfig (see examples/sweep.yaml)")
+    from flows.sweep import check_sweep
+
+    cfg = build_sweep(apply_overrides(read_config_file(args.config) or {}, args.overrides), args.config)
+    check_sweep(cfg)  # exit 2 now, not after a flow has started
+    return cfg
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """The search: the thrifty-sweep flow, each trial a thrifty-train child flow run, under the sweep's caps."""
+    console = Console(stderr=True)
+    cfg = sweep_config(args)
+    console.print(f"[bold]thrifty sweep[/] {cfg.name}: {cfg.max_trials} trial(s) over {', '.join(cfg.space)}, rungs "
+                  f"{cfg.rungs()} epochs, {cfg.concurrency} at once, cap ${cfg.max_usd:g}; store {cfg.base.store}")
+    from flows.sweep import sweep
+
+    state = sweep(config=cfg, return_state=True)
+    if not state.is_completed():
+        console.print(f"[red]sweep {cfg.name} {ENDS.get(state.name, state.name.lower())}:[/] {state.message}",
+                      highlight=False, soft_wrap=True)
+        return EXIT_CODES.get(state.name, EXIT_FAILED)
+    out = state.result()
+    table = Table(title=f"sweep {out.name}: by rung reached, then {out.metric} ({out.mode})")
+    for col in ("trial", *cfg.space, "epochs", out.metric, "cost $", "state"):
+        table.add_column(col, justify="left" if col in ("trial", "state") else "right")
+    for row in out.leaderboard:
+        table.add_row(*(str(row.get(c, "")) if row.get(c) is not None else "-"
+                        for c in ("trial", *cfg.space, "epochs", out.metric, "cost $", "state")))
+    Console(width=max(Console().width, 160)).print(table)  # the values' columns stay readable in a log
+    if out.best_run:
+        print(f"best: {out.best_run} {out.best_values}: {out.metric} {out.best_value:.5f} at epoch {out.best_epochs}; "
+              f"gold weights {out.gold}")
+    print(f"spent ${out.spent_usd:.5f} of ${out.max_usd:g}; the same trials trained to the end: ~${out.full_usd:.5f} "
+          f"(saved {out.saved_fraction:.0%}). Leaderboard: artifact 'thrifty-sweep-{out.name}' in Prefect.")
     return EXIT_OK
 
 

@@ -29,7 +29,7 @@ from thrifty.budget import spend_usd
 from thrifty.config import RunConfig
 from thrifty.ledger import read_attempts
 from thrifty.preflight import check_before_spending
-from thrifty.results import PipelineResult, PrepResult
+from thrifty.results import PipelineResult, PrepResult, SmokeResult
 from thrifty.runs import finished_summary
 from thrifty.script import is_script
 from thrifty.storage import open_store
@@ -60,7 +60,8 @@ def step(task: Any, *args: Any, **kwargs: Any) -> Any:
 @flow(name="thrifty-train", flow_run_name=train_run_name, log_prints=True,
       on_running=[announce_projection], on_completion=[post_final_cost], on_failure=[post_final_cost],
       on_crashed=[post_final_cost], on_cancellation=[post_final_cost])
-def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0) -> PipelineResult:
+def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0,
+                   smoke_result: SmokeResult | None = None) -> PipelineResult:
     """Train one run the cheap way: cached preprocessing, a CPU smoke test, the budget gate, a spot launch watched
     to its end, and the report.
 
@@ -69,9 +70,11 @@ def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0) -> Pipe
             names the flow run (the form's top "Run Name" field is replaced by it when the run starts).
         poll_s: Seconds between looks at the job's status, spend and progress (s). Shorter stops closer to the
             budget cap; the gate keeps this much burn in reserve.
+        smoke_result: A smoke test of this very model shape that already passed (a search's trials share one per
+            shape); leave empty to run the smoke test.
     """
     try:
-        return pipeline(config, poll_s)
+        return pipeline(config, poll_s, smoke_result)
     except StepFailed as failed:
         name = BAD_INPUT if failed.state.name == BAD_INPUT else "Failed"
         return Failed(name=name, message=failed.state.message)  # type: ignore[return-value]
@@ -79,7 +82,7 @@ def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0) -> Pipe
         return bad_input(exc)  # type: ignore[return-value]
 
 
-def pipeline(config: RunConfig, poll_s: float) -> PipelineResult | State:
+def pipeline(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None = None) -> PipelineResult | State:
     logger = get_run_logger()
     config = config.resolved(scheduled_date())  # 'nightly-{date}' -> a new run each night, validated again
     earlier = tag_run(config.run_name, logger)  # the UI's one-click filter for this run's flow runs
@@ -109,7 +112,11 @@ def pipeline(config: RunConfig, poll_s: float) -> PipelineResult | State:
         return PipelineResult(run_name=config.run_name, cache_hit=prep.hit, already_finished=True, summary=done,
                               cost_usd=spend_usd(read_attempts(store, config.run_name)))
 
-    smoke_result = step(smoke, config)  # a failure ends the run before any launch
+    if smoke_result is None:
+        smoke_result = step(smoke, config)  # a failure ends the run before any launch
+    else:
+        logger.info("smoke test: passed already for this model shape (%d steps, %.4f s/step on CPU)",
+                    smoke_result.steps, smoke_result.cpu_step_time_s)
     estimate = step(budget_gate, config, prep, smoke_result, poll_s)  # refuses what the budget cannot carry
 
     with training_slot(logger):  # at most --pool-concurrency training jobs at once, however many workers

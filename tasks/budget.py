@@ -27,7 +27,7 @@ def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Est
     if is_script(config):  # the script's own data: its length as it reported it, or as the config says
         total = script_total_steps(config, smoke.total_steps)
     else:
-        total = config.train.total_steps(prep.examples["train"], world)
+        total = config.train.job_steps(prep.examples["train"], world)  # a search's rung ends at stop_at_epoch
     saved = checkpoints.committed(store, config.run_name)
     done = min(total, saved[-1].step) if saved else 0
     per_example_s = smoke.cpu_step_time_s / smoke.examples_per_step

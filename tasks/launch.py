@@ -180,7 +180,9 @@ def outcome(config: RunConfig, store: Store, status: JobStatus, earlier: list[At
             f"${config.budget.max_usd:g}; {kept}. Run it again with a larger budget.max_usd to "
             f"{'finish from there' if step is not None else 'train it'}.")
     elif status.state is JobState.SUCCEEDED:
-        end, message = "succeeded", "training finished"
+        stop = config.train.stop_at_epoch  # a search's rung: the job ended where it was told to, checkpoint kept
+        end, message = "succeeded", ("training finished" if stop is None else
+                                     f"trained to epoch {stop} (train.stop_at_epoch); the run continues from there")
     elif status.state is JobState.CANCELLED:
         end, message = "cancelled", f"job {status.job_id} was cancelled: {status.message}"
     else:

@@ -53,7 +53,7 @@ def strings(node: Any) -> Iterator[str]:
 
 def test_prefect_yaml_matches_the_code():
     assert SPEC["name"] == "thrifty" and SPEC["prefect-version"] == "3.8.8"
-    assert set(DEPLOYMENTS) == {"train", "nightly-retrain", "weekly-archive"}
+    assert set(DEPLOYMENTS) == {"train", "nightly-retrain", "weekly-archive", "sweep"}
     assert "pull" not in SPEC and not any("pull" in d for d in DEPLOYMENTS.values()), \
         "no pull section: `prefect deploy` records the project directory itself"
     assert not [s for s in strings(SPEC) if s.startswith(("/", "~"))], "no machine paths in prefect.yaml"
@@ -72,6 +72,11 @@ def test_prefect_yaml_matches_the_code():
     assert (schedule["cron"], schedule["timezone"]) == (WEEKLY_CRON, NIGHTLY_TZ)
     # a manual run previews; the schedule carries its own parameters and applies
     assert weekly["parameters"]["dry_run"] is True and schedule["parameters"] == {"dry_run": False}
+    # the sweep's UI form is the SweepConfig (its base is a RunConfig form of its own)
+    sweep_params = load_entrypoint(DEPLOYMENTS["sweep"]["entrypoint"]).parameters
+    assert sweep_params.properties["config"]["$ref"] == "#/definitions/SweepConfig"
+    assert sweep_params.definitions["SweepConfig"]["properties"]["base"]["$ref"] == "#/definitions/RunConfig"
+    assert {"max_usd", "space", "eta", "min_epochs"} <= set(sweep_params.definitions["SweepConfig"]["properties"])
     nightly = DEPLOYMENTS["nightly-retrain"]
     assert nightly["parameters"]["config"]["run_name"] == "nightly-{date}"
     assert nightly["concurrency_limit"] == 1

@@ -2,7 +2,7 @@
 
 This module parses and dispatches. Commands that need only the library run here; the others
 live in the room they drive and are named by module path, so the library imports none of them:
-``train`` and ``smoke`` in ``training.cli`` (the training program), ``run`` and ``archive
+``train`` and ``smoke`` in ``training.cli`` (the training program), ``run``, ``sweep`` and ``archive
 --apply`` in ``flows.cli`` (Prefect flows), ``deploy`` in ``deployments.deploy``. A user-fixable
 error (a ``ConfigError`` or ``StoreError``) is caught once, in :func:`guarded`: exit 2 and the
 message, no traceback.
@@ -27,6 +27,7 @@ ELSEWHERE = {
     "train": "training.cli:cmd_train",
     "smoke": "training.cli:cmd_smoke",
     "run": "flows.cli:cmd_run",
+    "sweep": "flows.cli:cmd_sweep",
     "archive --apply": "flows.cli:cmd_archive_apply",
     "deploy": "deployments.deploy:cmd_deploy",
 }
@@ -35,8 +36,10 @@ ELSEWHERE = {
 def error(message: str) -> None:
     """An error line on stderr, never re-wrapped (users copy commands out of these messages)."""
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True).print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # escaped: '[lo, hi]' in a message is text, not rich markup to drop
+    Console(stderr=True).print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def guarded(handler: Handler, args: argparse.Namespace) -> int:
@@ -272,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     with_config: tuple[tuple[str, str, Handler | str], ...] = (
         ("train", "run the training program here (what a cloud node runs); resumes automatically", "train"),
         ("run", "run the main job: preprocess, smoke test, launch and watch, report (Prefect flow)", "run"),
+        ("sweep", "search hyperparameters under hard caps (successive halving, each trial a run; Prefect flow); "
+                  "--config is a SweepConfig, --set e.g. max_usd=20 or base.train.micro_batch=32", "sweep"),
         ("smoke", "run the CPU smoke test alone (no Prefect, nothing launched)", "smoke"),
         ("report", "print the cross-run savings table of the config's store", cmd_report),
         ("config", "print the resolved RunConfig", cmd_config),

@@ -124,8 +124,8 @@ def latest_progress(records: list[dict[str, Any]]) -> dict[str, Any]:
         event = rec.get("event")
         if event is None and "loss" in rec:
             out.update(step=rec["step"], loss=rec["loss"], samples_per_s=rec.get("samples_per_s"))
-        elif event == "start":
-            out.update(total_steps=rec["total_steps"], step=rec["step"])
+        elif event == "start":  # a job that ends at a rung (train.stop_at_epoch) is watched and projected to there
+            out.update(total_steps=rec.get("stop_step") or rec["total_steps"], step=rec["step"])
         elif event == "eval":
             out["eval"] = {k: v for k, v in rec.items() if k.startswith("val_")}
         elif event == "total_steps":  # script mode: the script told its length after it started

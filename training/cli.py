@@ -41,6 +41,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(result.summary.model_dump_json(indent=2))
     elif result.status == "interrupted":
         print(f"interrupted at step {result.step}; checkpoint saved, rerun the same command to resume", file=sys.stderr)
+    elif result.status == "rung":
+        print(f"stopped at epoch {cfg.train.stop_at_epoch} (step {result.step}) as train.stop_at_epoch says; "
+              "checkpoint saved, raise it (or unset it) to continue", file=sys.stderr)
     elif result.status == "budget":
         print(f"stopped at the budget cap (step {result.step}, checkpoint saved); run it again with a larger "
               "budget.max_usd to continue", file=sys.stderr)

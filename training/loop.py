@@ -81,7 +81,7 @@ class LoopState:
 
 @dataclass
 class TrainResult:
-    status: str  # completed | stopped_early | interrupted
+    status: str  # completed | stopped_early | interrupted | budget | rung (ended at train.stop_at_epoch)
     summary: RunSummary | None
     step: int
 
@@ -93,7 +93,9 @@ def check_compatible(cfg: RunConfig, saved_cfg: dict[str, Any], run_id: str) -> 
             f"run {run_id!r} has checkpoints from recipe {saved_cfg.get('recipe')!r}, but this config uses "
             f"recipe {cfg.recipe!r}. Use a new run_name for a new experiment, or set recipe back."
         )
-    changed = sorted(k for k in ("recipe_params", "train") if saved_cfg.get(k) != cfg.model_dump(mode="json")[k])
+    saved_train = {k: v for k, v in (saved_cfg.get("train") or {}).items() if k != "stop_at_epoch"}  # a rung's end
+    changed = sorted(k for k, now, then in (("recipe_params", cfg.recipe_params, saved_cfg.get("recipe_params")),
+                                            ("train", cfg.train_settings(), saved_train)) if now != then)
     if changed:
         log.warning("resuming run %r with changed settings in %s (allowed: the model still loads)", run_id, ", ".join(changed))
 
@@ -171,6 +173,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     global_batch = tc.examples_per_step(dist.world)
     steps_per_epoch = tc.steps_per_epoch(train_split.n, dist.world)
     total_steps = tc.total_steps(train_split.n, dist.world)
+    stop_steps = tc.job_steps(train_split.n, dist.world)  # < total_steps: a search's rung ends this job there
 
     # ---- model, optimizer, schedule, scaler, early stopping
     seed_everything(tc.seed)
@@ -228,6 +231,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     schedule = CheckpointSchedule(tc.checkpoint_every, mtbp.mtbp_s, state.step, mtbp.source)
     stop = StopSignal().install()
     emit({"event": "start", "step": state.step, "total_steps": total_steps, "resumes": state.resumes,
+          **({"stop_step": stop_steps} if stop_steps < total_steps else {}),  # this job ends there (a search's rung)
           "precision": precision_name(amp), "device": str(device), "world_size": dist.world,
           "cache_key": cache.key, "cache_hit": cache.hit,
           # what lets `thrifty plan` and the budget gate reuse this attempt's speed (thrifty.throughput)
@@ -275,7 +279,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     last_saved_step = state.step if loaded else -1
     if dist.any(stop.signum is not None):  # a notice during start-up: nothing trained yet, nothing new to save
         interrupted = "signal"
-    while interrupted is None and state.step < total_steps and not stopper.stopped:
+    while interrupted is None and state.step < stop_steps and not stopper.stopped:
         if state.batch_in_epoch >= steps_per_epoch:
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
         if perm_epoch != state.epoch:
@@ -323,7 +327,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
 
         end_of_epoch = state.batch_in_epoch == steps_per_epoch
         if (tc.eval_every and state.step % tc.eval_every == 0) or (tc.eval_every is None and end_of_epoch) \
-                or state.step == total_steps:
+                or state.step in (total_steps, stop_steps):  # a rung's end is measured: the search ranks it
             state.last_eval = evaluate(ema.module if ema is not None else model, recipe, splits, device, amp,
                                        tc.micro_batch * tc.grad_accum_steps)
             state.last_eval_step = state.step
@@ -332,7 +336,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             log.info("step %d epoch %d: %s%s", state.step, state.epoch,
                      " ".join(f"{k}={v:.4f}" for k, v in state.last_eval.items()), " (best)" if best else "")
 
-        finishing = stopper.stopped or state.step >= total_steps
+        finishing = stopper.stopped or state.step >= stop_steps
         if schedule.due(state.step) or finishing:
             save()
             last_saved_step = state.step
@@ -362,6 +366,18 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             metrics.close()
         dist.close()
         return TrainResult("budget" if interrupted == "budget" else "interrupted", None, state.step)
+
+    if state.step < total_steps and not stopper.stopped:  # a rung's end: checkpointed and evaluated, not finished
+        emit({"event": "rung", "step": state.step, "epoch": tc.stop_at_epoch, **state.last_eval})
+        log.info("stopped at epoch %d (step %d of %d) as train.stop_at_epoch says; a job with a larger value "
+                 "continues from this checkpoint on the same schedule", tc.stop_at_epoch, state.step, total_steps)
+        if meter is not None:
+            meter.close("finished")
+        if metrics:
+            metrics.close()
+        dist.barrier()
+        dist.close()
+        return TrainResult("rung", None, state.step)
 
     summary = None
     if dist.is_main:

@@ -20,6 +20,9 @@ def check_config(cfg: RunConfig) -> tuple[Recipe | None, RecipeParams | ScriptPa
     """The recipe and its parsed options, or a ConfigError naming the setting to change. Script mode
     (``recipe: script``) has no Recipe: its command is checked instead (``thrifty.script.check_script``)."""
     if is_script(cfg):
+        if cfg.train.stop_at_epoch is not None:  # the script's own loop decides its epochs
+            raise ConfigError("'train.stop_at_epoch': script mode cannot pause at an epoch (the command runs its own "
+                              "loop); unset it, or use a recipe")
         return None, check_script(cfg)
     recipe = resolve_recipe(cfg.recipe)
     params = recipe.parse_params(cfg.recipe_params)

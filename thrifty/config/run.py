@@ -82,14 +82,19 @@ class RunConfig(_Frozen):
                               "resolves it before training starts, so this config did not come from one of them")
         return self
 
+    def train_settings(self) -> dict[str, Any]:
+        """The train section as JSON without ``stop_at_epoch``: what a resume compares and the fingerprint hashes."""
+        return {k: v for k, v in self.train.model_dump(mode="json").items() if k != "stop_at_epoch"}
+
     def to_env_json(self) -> str:
         """The config as compact JSON, for the environment of a training node."""
         return self.model_dump_json()
 
     def training_fingerprint(self) -> str:
         """A hash of what decides the trained weights (recipe, its params, the train section): a finished run
-        with the same fingerprint has nothing left to train, whatever its budget or compute settings."""
-        what = {"recipe": self.recipe, "recipe_params": self.recipe_params, "train": self.train.model_dump(mode="json")}
+        with the same fingerprint has nothing left to train, whatever its budget or compute settings. ``stop_at_epoch``
+        is left out: where a job pauses does not change the weights the run ends with (resume is exact)."""
+        what = {"recipe": self.recipe, "recipe_params": self.recipe_params, "train": self.train_settings()}
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -30,6 +30,10 @@ class EarlyStoppingConfig(_Frozen):
 class TrainConfig(_Frozen):
     max_epochs: int = Field(20, ge=1, description="Upper bound on passes over the training set (epochs).")
     max_steps: int | None = Field(None, ge=1, description="Optional cap on optimizer steps; null = max_epochs decides.")
+    stop_at_epoch: int | None = Field(
+        None, ge=1, description="End this job when this many epochs are trained, with a checkpoint and an "
+        "evaluation (a rung of a hyperparameter search); the LR schedule still runs to max_epochs, so a later job "
+        "with a larger value continues the same run exactly. null = train to the end (epochs).")
     micro_batch: int = Field(64, ge=1, description="Examples per forward/backward pass, per process (examples).")
     grad_accum_steps: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step (count).")
     lr: float = Field(1e-3, gt=0.0, description="Peak learning rate of AdamW (per step).")
@@ -78,6 +82,13 @@ class TrainConfig(_Frozen):
             raise ValueError(f"adam_betas must both be in [0, 1), e.g. [0.9, 0.999] (got {list(v)})")
         return v
 
+    @model_validator(mode="after")
+    def _stop_within_run(self) -> "TrainConfig":
+        if self.stop_at_epoch is not None and self.stop_at_epoch > self.max_epochs:
+            raise ValueError(f"stop_at_epoch {self.stop_at_epoch} is past max_epochs {self.max_epochs}; set it to "
+                             "at most max_epochs, or null to train to the end")
+        return self
+
     @field_validator("checkpoint_every")
     @classmethod
     def _positive_interval(cls, v: int | str) -> int | str:
@@ -100,6 +111,13 @@ class TrainConfig(_Frozen):
         """Optimizer steps the run takes if it never stops early: the one rule the gate and the loop share."""
         total = self.max_epochs * self.steps_per_epoch(n_train, world)
         return min(total, self.max_steps) if self.max_steps is not None else total
+
+    def job_steps(self, n_train: int, world: int) -> int:
+        """The step this job ends at: ``stop_at_epoch``'s boundary (a search's rung), else the run's end."""
+        total = self.total_steps(n_train, world)
+        if self.stop_at_epoch is None:
+            return total
+        return min(total, self.stop_at_epoch * self.steps_per_epoch(n_train, world))
 
 
 class ComputeConfig(_Frozen):

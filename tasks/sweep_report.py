@@ -1,0 +1,83 @@
+"""The search's end: the winner's weights marked gold, and the leaderboard and metric-against-spend artifacts."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from tasks.report import artifact_key, usd
+from thrifty import archive, checkpoints
+from thrifty.chart import markdown_image, spend_at
+from thrifty.ledger import read_attempts
+from thrifty.runs import read_metrics, read_summary
+from thrifty.storage import Store, open_store
+from thrifty.sweep import SweepConfig, SweepState, TrialState
+from thrifty.sweep.report import ChartPoint, SweepResult, leaderboard, saving, svg
+
+
+def mark_gold(store: Store, config: SweepConfig, best: TrialState) -> str | None:
+    """Mark the winner's best checkpoint gold in ``archive-policy.json`` (what `thrifty archive gold` writes)."""
+    summary = read_summary(store, best.run_name)
+    step = summary.best_metric.checkpoint_step if summary is not None else None
+    if step is None:  # not trained to its end (the caps stopped it): its best checkpoint so far
+        saved = checkpoints.committed(store, best.run_name)
+        pick = checkpoints.best(saved, config.rank_mode) or (saved[-1] if saved else None)
+        step = pick.step if pick else None
+    if step is None:
+        return None
+    prefix = archive.mark_prefix(checkpoints.step_prefix(best.run_name, step))
+    policy = archive.Policy.load(store)
+    if prefix not in policy.gold:
+        policy.gold.append(prefix)
+        policy.save(store)
+    return prefix
+
+
+def chart_points(store: Store, config: SweepConfig, trials: list[TrialState]) -> list[ChartPoint]:
+    """Every milestone result with the search's cumulative spend at the moment it came in."""
+    ledgers = {t.run_name: read_attempts(store, t.run_name) for t in trials if t.launches or t.reached}
+    points = []
+    for t in trials:
+        if t.run_name not in ledgers:
+            continue
+        for rec in read_metrics(store, t.run_name):
+            epochs = rec.get("epoch") if rec.get("event") == "rung" else t.reached if rec.get("event") == "end" else None
+            value = t.score(epochs) if epochs else None
+            if value is not None:
+                when = float(rec.get("time_unix", 0.0))
+                points.append(ChartPoint(sum(spend_at(a, when) for a in ledgers.values()), value,
+                                         f"{t.run_name} epoch {epochs}: {value:.4f}"))
+    return points
+
+
+@task(name="sweep-report", retries=0)
+def sweep_report(config: SweepConfig, state: SweepState, gold: str | None) -> SweepResult:
+    """The leaderboard (a table artifact) and the summary with the metric-against-spend chart (markdown)."""
+    store = open_store(config.base.store)
+    trials, metric, mode = state.trials, config.rank_metric, config.rank_mode
+    rows = leaderboard(trials, mode, metric)
+    money = saving(trials, config.full_epochs)
+    best = next((t for t in trials if t.index == state.best), None)
+    create_table_artifact(rows, key=artifact_key(config.name, "sweep"),
+                          description=f"Sweep {config.name}: trials by rung reached and {metric}")
+    lines = [f"# Sweep {config.name}", "",
+             f"**Best**: {best.run_name} {best.values}: {metric} {best.score(best.reached):.5f} at epoch "
+             f"{best.reached}; gold weights `{gold}`" if best else "**Best**: none (no trial reached a milestone)", "",
+             f"Spent ${usd(money.spent_usd)} of the ${config.max_usd:g} cap on {money.trials} trial(s); training "
+             f"each of them to {config.full_epochs} epochs would have cost ~${usd(money.full_usd)}: the search saved "
+             f"{money.saved_fraction:.0%}.", "",
+             markdown_image(svg(chart_points(store, config, trials), mode, metric, config.max_usd),
+                            f"{metric} against the search's spend"), "",
+             "| trial | values | epochs | " + metric + " | cost $ | state | note |", "|---|---|---:|---:|---:|---|---|"]
+    lines += [f"| {r['trial']} | {', '.join(f'{k}={t.values[k]}' for k in t.values)} | {r['epochs']} | "
+              f"{r[metric] if r[metric] is not None else '-'} | {usd(r['cost $'])} | {r['state']} | {r['note']} |"
+              for r, t in ((r, next(x for x in trials if x.run_name == r["trial"])) for r in rows)]
+    lines += ["", "Decisions:", ""] + [f"- {d}" for d in state.decisions[-60:]]
+    create_markdown_artifact("\n".join(lines) + "\n", key=artifact_key(config.name, "sweep-summary"),
+                             description=f"Sweep {config.name}: the best config, spend, saving, chart")
+    return SweepResult(name=config.name, metric=metric, mode=mode, best_run=best.run_name if best else None,
+                       best_values=best.values if best else {}, best_value=best.score(best.reached) if best else None,
+                       best_epochs=best.reached if best else 0,
+                       best_config=config.trial(best.index).model_dump(mode="json") if best else None, gold=gold,
+                       spent_usd=money.spent_usd, max_usd=config.max_usd, full_usd=money.full_usd,
+                       saved_fraction=money.saved_fraction, leaderboard=rows)

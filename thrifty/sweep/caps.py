@@ -1,0 +1,77 @@
+"""The search's caps (dollars, GPU-hours, wall clock) as arithmetic over its trials' ledgers. Pure.
+
+The search keeps no second bookkeeping: a trial's spend is its run's ledger. A job is launched with
+``budget.max_usd`` = what its run has spent + an allowance, and a run never spends past its own cap (the
+watch loop and the node's meter enforce it). So a trial in flight can end up spending at most its cap, and
+
+    committed = sum(cap of trials in flight) + sum(spent of the others) <= max_usd
+
+is kept before every launch: the search's spend stays under its cap by construction, however many trials
+run at once and whatever becomes of the flow. GPU-hours work the same way; the wall clock is a deadline no
+launch's estimated end may pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from thrifty.sweep.scheduler import TrialState
+
+
+@dataclass(frozen=True)
+class Need:
+    """What one job (a trial, from where it stands to its next milestone) is given, with its reasoning."""
+
+    usd: float  # the allowance: the job's budget.max_usd is the run's spend plus this
+    gpu_hours: float
+    hours: float  # estimated wall time, for the deadline
+    why: str
+
+
+def committed_usd(trials: list[TrialState]) -> float:
+    """Dollars the search may end up having spent on trials as they stand: caps of those in flight, spend of the rest."""
+    return sum(max(t.cap_usd or 0.0, t.spent_usd) if t.status == "running" else t.spent_usd for t in trials)
+
+
+def committed_gpu_hours(trials: list[TrialState]) -> float:
+    return sum(max(t.cap_gpu_hours or 0.0, t.gpu_hours) if t.status == "running" else t.gpu_hours for t in trials)
+
+
+def need_for(estimate_usd: float, estimate_hours: float, reserve_usd: float, gpus: int, factor: float,
+             epochs: int, measured_usd_per_epoch: float = 0.0, measured_hours_per_epoch: float = 0.0) -> Need:
+    """A job's allowance: ``factor`` x the larger of the estimate (the budget gate's, to the milestone) and what
+    the search's trials measured per epoch, plus the stop reserve the run's cap holds back."""
+    usd = max(estimate_usd, measured_usd_per_epoch * epochs)
+    hours = max(estimate_hours, measured_hours_per_epoch * epochs)
+    source = "measured by earlier trials" if measured_usd_per_epoch * epochs > estimate_usd else "estimated"
+    why = (f"${usd:.5f} {source} for {epochs} epoch(s) x {factor:g} headroom + ${reserve_usd:.5f} held back "
+           "to stop in")
+    return Need(usd=factor * usd + reserve_usd, gpu_hours=factor * hours * gpus, hours=factor * hours, why=why)
+
+
+def refusal(need: Need, trials: list[TrialState], max_usd: float, max_gpu_hours: float | None,
+            deadline_unix: float | None, now: float) -> str | None:
+    """Why the job cannot be launched under the caps, or None when it can."""
+    left = max_usd - committed_usd(trials)
+    if need.usd > left:
+        return (f"the search's budget cannot cover it: ${need.usd:.5f} needed ({need.why}), ${left:.5f} of "
+                f"max_usd ${max_usd:g} left after what the trials spent and what those in flight may spend")
+    if max_gpu_hours is not None:
+        gpu_left = max_gpu_hours - committed_gpu_hours(trials)
+        if need.gpu_hours > gpu_left:
+            return (f"the search's GPU-hours cannot cover it: {need.gpu_hours:.4f} needed, {gpu_left:.4f} of "
+                    f"max_gpu_hours {max_gpu_hours:g} left")
+    if deadline_unix is not None and now + need.hours * 3600.0 > deadline_unix:
+        return (f"it would end after the search's deadline: ~{need.hours * 3600:.0f} s needed, "
+                f"{max(0.0, deadline_unix - now):.0f} s left of max_wall_h")
+    return None
+
+
+def measured_per_epoch(trials: list[TrialState]) -> tuple[float, float]:
+    """The dearest dollars and hours per epoch any trial has paid so far: its spend per epoch reached (start-up
+    included) or its measured step time per epoch, whichever is more (conservative: a loaded machine counts)."""
+    usd = max([t.spent_usd / t.reached for t in trials if t.reached and t.spent_usd > 0] +
+              [t.epoch_usd for t in trials], default=0.0)
+    hours = max([t.billed_hours / t.reached for t in trials if t.reached and t.spent_usd > 0] +
+                [t.epoch_hours for t in trials], default=0.0)
+    return usd, hours

@@ -1,0 +1,130 @@
+"""What the search reports: the leaderboard, what pruning saved against training every trial to the end, and the
+metric-against-spend chart. Pure functions of the trials' states (and their rung results' times and spend).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from xml.sax.saxutils import escape
+
+from pydantic import BaseModel
+
+from thrifty.chart import HEIGHT, PAD_B, PAD_L, PAD_R, PAD_T, WIDTH, _fmt_usd, _scale
+from thrifty.sweep.scheduler import TrialState
+
+POINT_COLOUR, BEST_COLOUR = "#2563eb", "#16a34a"
+
+
+class Saving(BaseModel):
+    """The search's spend against the same trials each trained to the full budget (priced per trial from what
+    its own epochs cost)."""
+
+    spent_usd: float
+    full_usd: float  # every trial that ran, trained to max_epochs at its own measured cost per epoch
+    trials: int
+
+    @property
+    def saved_usd(self) -> float:
+        return max(0.0, self.full_usd - self.spent_usd)
+
+    @property
+    def saved_fraction(self) -> float:
+        return self.saved_usd / self.full_usd if self.full_usd > 0 else 0.0
+
+
+def saving(trials: list[TrialState], full_epochs: int) -> Saving:
+    """Each trial that ran, trained on in one go to the full budget: what it spent (one start-up and its epochs so
+    far) plus its remaining epochs at its own measured cost per epoch. A trial that finished cost what it cost."""
+    ran = [t for t in trials if t.reached and t.spent_usd > 0]
+    full = sum(t.spent_usd + (0 if t.status == "finished" else max(0, full_epochs - t.reached) * t.epoch_usd)
+               for t in ran)
+    return Saving(spent_usd=sum(t.spent_usd for t in trials), full_usd=full, trials=len(ran))
+
+
+def leaderboard(trials: list[TrialState], mode: str, metric: str) -> list[dict[str, Any]]:
+    """One row per trial that was drawn, the best first: its values, the rung it reached, its metric there, cost,
+    the search's cumulative spend in trial order, and how it ended."""
+    sign = 1.0 if mode == "min" else -1.0
+
+    def key(t: TrialState) -> tuple:
+        score = t.score(t.reached) if t.reached else None
+        return (t.status != "finished", -t.reached, sign * score if score is not None else float("inf"), t.index)
+
+    cumulative, rows = 0.0, []
+    spent_before = {}
+    for t in sorted(trials, key=lambda t: t.index):
+        cumulative += t.spent_usd
+        spent_before[t.index] = cumulative
+    for t in sorted(trials, key=key):
+        score = t.score(t.reached) if t.reached else None
+        rows.append({"trial": t.run_name, **{k: v for k, v in t.values.items()}, "epochs": t.reached,
+                     metric: round(score, 5) if score is not None else None, "cost $": round(t.spent_usd, 6),
+                     "cumulative $": round(spent_before[t.index], 6), "state": t.status, "note": t.note})
+    return rows
+
+
+@dataclass(frozen=True)
+class ChartPoint:
+    spend_usd: float  # the search's cumulative spend when this result came in
+    value: float  # the metric
+    label: str
+
+
+def svg(points: list[ChartPoint], mode: str, metric: str, max_usd: float | None = None) -> str:
+    """Each rung result as a dot at the search's spend when it came in, and the best so far as a step line."""
+    if not points:
+        return ""
+    points = sorted(points, key=lambda p: p.spend_usd)
+    top_usd = max(max(p.spend_usd for p in points), max_usd or 0.0, 1e-12)
+    x = _scale(0.0, top_usd, PAD_L, WIDTH - PAD_R)
+    lo, hi = min(p.value for p in points), max(p.value for p in points)
+    y = _scale(lo, hi, HEIGHT - PAD_B, PAD_T)
+    better = (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
+    best, line = None, []
+    for p in points:
+        if best is None or better(p.value, best):
+            if best is not None:
+                line.append(f"{x(p.spend_usd):.1f},{y(best):.1f}")
+            best = p.value
+        line.append(f"{x(p.spend_usd):.1f},{y(best):.1f}")
+    bottom, right = HEIGHT - PAD_B, WIDTH - PAD_R
+    text = 'font-family="sans-serif" font-size="12"'
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}">',
+        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
+        f'<line x1="{PAD_L}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#9ca3af"/>',
+        f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{bottom}" stroke="{POINT_COLOUR}"/>',
+        f'<text x="{PAD_L}" y="18" {text} fill="{POINT_COLOUR}">{escape(metric)} at each milestone; best so far '
+        f'{best:.4f}</text>',
+        f'<text x="{PAD_L - 6}" y="{PAD_T + 4}" {text} fill="{POINT_COLOUR}" text-anchor="end">{hi:.3g}</text>',
+        f'<text x="{PAD_L - 6}" y="{bottom}" {text} fill="{POINT_COLOUR}" text-anchor="end">{lo:.3g}</text>',
+        f'<text x="{PAD_L}" y="{HEIGHT - 12}" {text} fill="#374151">$0</text>',
+        f'<text x="{(PAD_L + right) / 2:.0f}" y="{HEIGHT - 12}" {text} fill="#374151" text-anchor="middle">'
+        "the search's cumulative spend</text>",
+        f'<text x="{right}" y="{HEIGHT - 12}" {text} fill="#374151" text-anchor="end">{escape(_fmt_usd(top_usd))}'
+        + (" (cap)" if max_usd and top_usd == max_usd else "") + "</text>",
+        f'<polyline points="{" ".join(line)}" fill="none" stroke="{BEST_COLOUR}" stroke-width="2"/>',
+    ]
+    parts += [f'<circle cx="{x(p.spend_usd):.1f}" cy="{y(p.value):.1f}" r="3.5" fill="{POINT_COLOUR}">'
+              f'<title>{escape(p.label)}</title></circle>' for p in points]
+    return "".join(parts + ["</svg>"])
+
+
+class SweepResult(BaseModel):
+    """The sweep flow's return value (what ``thrifty sweep`` prints)."""
+
+    name: str
+    metric: str
+    mode: str
+    best_run: str | None = None
+    best_values: dict[str, Any] = {}
+    best_value: float | None = None
+    best_epochs: int = 0
+    best_config: dict[str, Any] | None = None  # the winner's RunConfig as JSON, to train or deploy
+    gold: str | None = None  # the key prefix marked gold (kept hot by archival)
+    spent_usd: float
+    max_usd: float
+    full_usd: float  # the same trials, each trained to max_epochs
+    saved_fraction: float
+    leaderboard: list[dict[str, Any]]
