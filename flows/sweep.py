@@ -10,11 +10,7 @@ started again reruns nothing finished: the store says what each trial reached.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-import os
-import signal
-import socket
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -22,8 +18,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Failed, State
 
-from flows.train_pipeline import StepFailed, outcome_of, step, train_pipeline
+from flows.train_pipeline import StepFailed, outcome_of, step, train_trial
 from tasks.budget import estimate_for
+from tasks.launch import request_stop
 from tasks.errors import BAD_INPUT, USER_ERRORS, bad_input
 from tasks.preprocess import preprocess
 from tasks.smoke import smoke
@@ -114,14 +111,14 @@ class Search:
         return cfg, need, smoke_result
 
     def stop_at_deadline(self, in_flight: list[TrialState]) -> None:
-        """The wall clock ran out: each job in flight is told to stop as a spot notice would (SIGTERM: a checkpoint,
-        then exit 0); it keeps its checkpoint and the trial is launched no more."""
+        """The wall clock ran out: each job in flight is stopped the graceful way its launcher has (a checkpoint,
+        then the end: a local job's SIGTERM, a SkyPilot job's stop request and cancel); it keeps its checkpoint
+        and the trial is launched no more."""
         self.deadline_hit = True
         for t in in_flight:
-            stopped = stop_local_jobs(self.store, t.run_name)
-            self.decide(f"{t.run_name}: the search's max_wall_h is up; " + (
-                f"its job was told to checkpoint and stop (pid {', '.join(map(str, stopped))})" if stopped else
-                "its job runs elsewhere and ends at its milestone or cap"), warn=True)
+            request_stop(t.run_name, f"the search {self.config.name}'s max_wall_h is up")
+            self.decide(f"{t.run_name}: the search's max_wall_h is up; its job is told to checkpoint and stop",
+                        warn=True)
 
     def wait_for_orphan(self, t: TrialState) -> None:
         """A job a killed search left running trains on its own until its milestone or cap; let it end first."""
@@ -146,17 +143,6 @@ def check_sweep(config: SweepConfig) -> None:
         if recipe is not None and config.rank_metric not in recipe.metric_names():
             raise ConfigError(f"'metric': recipe {recipe.name!r} reports {', '.join(recipe.metric_names())}, not "
                               f"{config.rank_metric!r}. Pick one of those.")
-
-
-def stop_local_jobs(store: Store, run_name: str) -> list[int]:
-    """SIGTERM the run's live training processes on this machine (their meters name them); the pids signalled."""
-    now, stopped = time.time(), []
-    for m in read_meters(store, run_name):
-        if not m.gone(now) and m.pid and m.host == socket.gethostname():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(m.pid, signal.SIGTERM)
-                stopped.append(m.pid)
-    return stopped
 
 
 def search(config: SweepConfig, poll_s: float) -> SweepResult:
@@ -235,7 +221,7 @@ def run_trials(s: Search) -> None:
                          f"${t.cap_usd:.5f} ({need.why}; ${t.spent_usd:.5f} spent before)")
                 s.save()  # the cap is on record before the job exists: a killed search still counts it
                 context = contextvars.copy_context()  # each child flow run sees this flow run as its parent
-                in_flight[pool.submit(context.run, train_pipeline, config=job_cfg, poll_s=s.poll_s,
+                in_flight[pool.submit(context.run, train_trial, config=job_cfg, poll_s=s.poll_s,
                                       smoke_result=smoke_result, return_state=True)] = (t, target)
             s.save()
             if not in_flight:

@@ -57,11 +57,14 @@ def step(task: Any, *args: Any, **kwargs: Any) -> Any:
     return outcome_of(task(*args, return_state=True, **kwargs))
 
 
-@flow(name="thrifty-train", flow_run_name=train_run_name, log_prints=True,
-      on_running=[announce_projection], on_completion=[post_final_cost], on_failure=[post_final_cost],
-      on_crashed=[post_final_cost], on_cancellation=[post_final_cost])
-def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0,
-                   smoke_result: SmokeResult | None = None) -> PipelineResult:
+# one flow, two entry points: the deployments' form (train_pipeline) and a search's trials (train_trial)
+TRAIN_FLOW = dict(name="thrifty-train", flow_run_name=train_run_name, log_prints=True,
+                  on_running=[announce_projection], on_completion=[post_final_cost], on_failure=[post_final_cost],
+                  on_crashed=[post_final_cost], on_cancellation=[post_final_cost])
+
+
+@flow(**TRAIN_FLOW)
+def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0) -> PipelineResult:
     """Train one run the cheap way: cached preprocessing, a CPU smoke test, the budget gate, a spot launch watched
     to its end, and the report.
 
@@ -70,9 +73,19 @@ def train_pipeline(config: RunConfig = RunConfig(), poll_s: float = 1.0,
             names the flow run (the form's top "Run Name" field is replaced by it when the run starts).
         poll_s: Seconds between looks at the job's status, spend and progress (s). Shorter stops closer to the
             budget cap; the gate keeps this much burn in reserve.
-        smoke_result: A smoke test of this very model shape that already passed (a search's trials share one per
-            shape); leave empty to run the smoke test.
     """
+    return _run(config, poll_s, None)
+
+
+@flow(**TRAIN_FLOW)
+def train_trial(config: RunConfig, poll_s: float, smoke_result: SmokeResult) -> PipelineResult:
+    """One trial of a search (flows.sweep): the train pipeline, with the smoke test its model shape already passed
+    (the search runs one per shape). Not deployed: a form must never let a person hand the budget gate a step
+    time."""
+    return _run(config, poll_s, smoke_result)
+
+
+def _run(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None) -> PipelineResult:
     try:
         return pipeline(config, poll_s, smoke_result)
     except StepFailed as failed:

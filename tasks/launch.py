@@ -35,6 +35,22 @@ LEASE_TTL_S = 60.0  # a watcher silent this long is gone; its lease may be taken
 LEASE_BEAT_S = 10.0
 
 
+_STOP_REQUESTS: dict[str, str] = {}  # run_id -> why: a graceful stop asked of the watch loop in this process
+_STOP_LOCK = threading.Lock()
+
+
+def request_stop(run_id: str, reason: str) -> None:
+    """Ask the watch loop of ``run_id`` in this process (a child flow run of a search, say) to stop its job the
+    graceful way, whatever the launcher: checkpoint, then end. The loop acts on it within a poll interval."""
+    with _STOP_LOCK:
+        _STOP_REQUESTS[run_id] = reason
+
+
+def _stop_requested(run_id: str) -> str | None:
+    with _STOP_LOCK:
+        return _STOP_REQUESTS.pop(run_id, None)
+
+
 def _holder() -> str:
     from prefect.runtime import flow_run
 
@@ -267,6 +283,13 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
                 update_progress_artifact(progress_id, 100.0 * step / total if step is not None and total else 0.0,
                                          description=steps_note)
                 update_progress_artifact(budget_id, min(100.0, 100.0 * snap.fraction), description=money_note)
+            asked = _stop_requested(run_id)
+            if asked is not None:
+                timer.disarm()
+                logger.warning("stopping job %s: %s (it checkpoints first)", job_id, asked)
+                launcher.cancel(job_id)
+                status = _wait_terminal(launcher, job_id, config.compute.stop_checkpoint_timeout_s + 30.0)
+                break
             if exceeded or timer.fired.is_set():
                 timer.disarm()
                 if not timer.fired.is_set():

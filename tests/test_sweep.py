@@ -210,29 +210,42 @@ def test_spend_stays_under_the_cap_with_concurrent_trials_reserving():
         assert sum(t.spent_usd for t in ts) <= max_usd + 1e-12
 
 
-def test_at_the_deadline_the_jobs_on_this_machine_are_told_to_stop(tmp_path):
-    """What the search does when max_wall_h runs out with trials in flight: SIGTERM (a spot notice: the trainer
-    checkpoints and exits 0) to each live job its meter names on this machine; none to a node elsewhere."""
-    import socket
+@pytest.mark.slow
+def test_at_the_deadline_a_trial_in_flight_is_stopped_the_graceful_way(prefect_harness, tmp_path):
+    """What the search does when max_wall_h runs out with trials in flight: it asks each trial's watch loop to stop
+    its job as its launcher stops one gracefully (the local launcher: SIGTERM, a checkpoint, exit; SkyPilot: the
+    stop request and a cancel), so no step is lost, and the run resumes from there."""
+    import threading
 
-    from flows.sweep import stop_local_jobs
-    from thrifty.ledger import MeterRecord, write_meter
-    from thrifty.procs import process_started
+    from flows.train_pipeline import train_pipeline
+    from tasks.launch import request_stop
+    from thrifty.config import build_config
+
+    store = tmp_path / "store"
+    cfg = build_config({"run_name": "deadline", "recipe": "digits", "store": str(store),
+                        "recipe_params": {"limit": 600},
+                        "train": {"max_epochs": 200, "micro_batch": 32, "precision": "fp32", "checkpoint_every": 50,
+                                  "log_every": 1, "early_stopping": {"enabled": False}},
+                        "compute": {"emulate": "aws:g5.xlarge"}})
+    ended = {}
+    flow = threading.Thread(target=lambda: ended.update(state=train_pipeline(config=cfg, poll_s=0.2,
+                                                                             return_state=True)))
+    flow.start()
+    give_up = time.time() + 120
+    while max((r.get("step", 0) for r in run_records(store, "deadline") if "loss" in r), default=0) < 30:
+        assert flow.is_alive() and time.time() < give_up, "the run never reached step 30"
+        time.sleep(0.1)
+    request_stop("deadline", "the search's max_wall_h is up")
+    flow.join(120)
+    state = ended["state"]
+    assert not state.is_completed() and "cancelled" in state.message, state.message
+    records = run_records(store, "deadline")
+    reached = max(r["step"] for r in records if "loss" in r)
+    [stopped] = [r for r in records if r.get("event") == "interrupted"]
+    assert stopped["reason"] == "signal" and stopped["step"] == reached, stopped
+    from thrifty.checkpoints import committed
     from thrifty.storage import open_store
-
-    store = open_store(str(tmp_path / "store"))
-    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        now = time.time()
-        for job_id, host in (("here", socket.gethostname()), ("there", "another-node")):
-            write_meter(store, "s-t000", MeterRecord(
-                job_id=job_id, started_unix=now, last_unix=now, usd_per_hour=1.0, nodes=1, cloud="aws",
-                instance="g5.xlarge", spot=True, host=host, pid=job.pid, pid_started=process_started(job.pid)))
-        assert stop_local_jobs(store, "s-t000") == [job.pid]
-        assert job.wait(10) == -signal.SIGTERM
-        assert stop_local_jobs(store, "s-t000") == [], "a job that is gone is not signalled again"
-    finally:
-        job.kill()
+    assert committed(open_store(str(store)), "deadline")[-1].step == reached, "the step it stopped at is saved"
 
 
 # ---------------------------------------------------------------- a rung's end in the real training loop
