@@ -43,7 +43,8 @@ import torch  # noqa: E402
 from thrifty.config import RunConfig  # noqa: E402
 from thrifty.storage import open_store  # noqa: E402
 from training.data import epoch_permutation, open_cache  # noqa: E402
-from training.loop import lr_factor, train  # noqa: E402
+from training.loop import train  # noqa: E402
+from training.recipes import lr_factor  # noqa: E402
 from training.recipes.base import resolve_recipe  # noqa: E402
 
 OFF = 10**9  # checkpoint_every for "off": only the final save
@@ -74,7 +75,7 @@ def raw_arm(data: dict[str, Any], ckpt_dir: Path, every: int, steps: int) -> dic
     torch.manual_seed(cfg.train.seed)
     model = recipe.build_model(params, data["meta"])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, 0, steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.train, steps))
     x, y, n, batch = data["x"], data["y"], len(data["y"]), cfg.train.micro_batch
     per_epoch = n // batch
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -128,7 +129,7 @@ def lightning_arm(data: dict[str, Any], ckpt_dir: Path, every: int, steps: int) 
 
         def configure_optimizers(self) -> Any:
             opt = torch.optim.AdamW(self.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, 0, steps))
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.train, steps))
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data["x"], data["y"]),

@@ -13,7 +13,7 @@ import logging
 import contextlib
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 import torch
 
@@ -54,12 +54,13 @@ class CheckpointManager:
         return layout.best(infos, self.mode)
 
     # ------------------------------------------------------------------ saving
-    def save(self, state: dict[str, Any], step: int, metric: float | None) -> float:
+    def save(self, state: dict[str, Any], step: int, metric: float | None,
+             on_commit: Callable[[], None] | None = None) -> float:
         """Write a checkpoint for ``step`` atomically; returns seconds taken.
 
         The state is streamed into the store once (beside its target on a file store, spooled then
         uploaded on an object store) while its sha256 is computed; the COMMIT record, written last,
-        carries it. Nothing is read back.
+        carries it. Nothing is read back. ``on_commit`` runs the moment the COMMIT is written.
         """
         t0 = time.perf_counter()
         ckpt = layout.step_prefix(self.run_id, step)
@@ -70,6 +71,8 @@ class CheckpointManager:
         commit = {"step": step, "bytes": sink.size, "sha256": sink.hexdigest(), "metric": metric,
                   "metric_mode": self.mode, "time_unix": time.time()}
         self.store.put_bytes(join_key(ckpt, layout.COMMIT), json.dumps(commit).encode())
+        if on_commit is not None:
+            on_commit()
         fault_point("after_commit")
         index = [c for c in self._known() if c.step != step]
         self._index = sorted(index + [CheckpointInfo(step, ckpt, commit)], key=lambda c: c.step)

@@ -89,7 +89,9 @@ class RunConfig(_Frozen):
     def training_fingerprint(self) -> str:
         """A hash of what decides the trained weights (recipe, its params, the train section): a finished run
         with the same fingerprint has nothing left to train, whatever its budget or compute settings."""
-        what = {"recipe": self.recipe, "recipe_params": self.recipe_params, "train": self.train.model_dump(mode="json")}
+        # async_checkpoint only moves where the write runs: left out, so fingerprints of older runs still match
+        train = self.train.model_dump(mode="json", exclude={"async_checkpoint"})
+        what = {"recipe": self.recipe, "recipe_params": self.recipe_params, "train": train}
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 
