@@ -40,6 +40,7 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from thrifty.checkpoints import committed  # noqa: E402
 from thrifty.config import RunConfig  # noqa: E402
 from thrifty.storage import open_store  # noqa: E402
 from training.data import epoch_permutation, open_cache  # noqa: E402
@@ -51,21 +52,50 @@ OFF = 10**9  # checkpoint_every for "off": only the final save
 PARAMS: dict[str, Any] = {"hidden": 128}
 
 
-def config(store: str, name: str, every: int, steps: int, log_every: int = 10) -> RunConfig:
+def config(store: str, name: str, every: int, steps: int, log_every: int = 10, background: bool = True) -> RunConfig:
     return RunConfig(run_name=name, recipe="digits", recipe_params=PARAMS, store=store, train={
         "max_steps": steps, "max_epochs": 10**6, "micro_batch": 32, "precision": "fp32", "device": "cpu",
-        "checkpoint_every": every, "eval_every": steps, "log_every": log_every, "early_stopping": {"enabled": False}})
+        "checkpoint_every": every, "eval_every": steps, "log_every": log_every, "early_stopping": {"enabled": False},
+        "async_checkpoint": background})
 
 
 # ---------------------------------------------------------------- the arms
 
 
-def thrifty_arm(store: Path, name: str, every: int, steps: int) -> dict[str, float]:
-    summary = train(config(str(store), name, every, steps)).summary
-    saves = [json.loads(line)["save_s"] for p in (store / "runs" / name / "metrics").glob("*.jsonl")
-             for line in p.read_text().splitlines() if '"event": "checkpoint"' in line]
-    return {"saves": len(saves), "save_s": statistics.mean(saves) if saves else 0.0,
-            "val_loss": summary.final_metrics["val_loss"]}
+def checkpoint_events(store: Path, name: str) -> list[dict[str, Any]]:
+    return [r for p in (store / "runs" / name / "metrics").glob("*.jsonl") for line in p.read_text().splitlines()
+            if (r := json.loads(line)).get("event") == "checkpoint"]
+
+
+def thrifty_arm(store: Path, name: str, every: int, steps: int, background: bool = True) -> dict[str, float]:
+    summary = train(config(str(store), name, every, steps, background=background)).summary
+    saves = checkpoint_events(store, name)[:-1] or checkpoint_events(store, name)  # the last one waits: the end
+    mean = lambda key: statistics.mean(r[key] for r in saves) if saves else 0.0  # noqa: E731
+    return {"saves": len(saves) + 1, "save_s": mean("save_s"), "block_s": mean("block_s"), "write_s": mean("write_s"),
+            "lag_steps": mean("committed_at_step") - mean("step"), "val_loss": summary.final_metrics["val_loss"]}
+
+
+def codelm_auto(store: Path, seconds: float) -> dict[str, Any]:
+    """A short codelm run at ``checkpoint_every: auto``: the checkpoint time on the step path as a share of wall."""
+    base = {"recipe": "codelm", "recipe_params": {"max_bytes": 400_000}, "store": str(store)}
+    tc = {"max_epochs": 10**6, "micro_batch": 8, "precision": "fp32", "device": "cpu", "log_every": 10,
+          "eval_every": 10**6, "early_stopping": {"enabled": False}}
+    probe = train(RunConfig(run_name="codelm-probe", **base, train={**tc, "max_steps": 5, "checkpoint_every": 5}))
+    step_s = probe.summary.wall_time_s / 5  # the first steps are slower: a conservative count
+    steps = max(30, int(seconds / step_s))
+    out = {}
+    for background in (True, False):
+        name = f"codelm-auto-{'async' if background else 'sync'}"
+        summary = train(RunConfig(run_name=name, **base, train={**tc, "max_steps": steps, "checkpoint_every": "auto",
+                                                               "async_checkpoint": background})).summary
+        saves = checkpoint_events(store, name)
+        out["async" if background else "sync"] = {
+            "steps": steps, "wall_s": summary.wall_time_s, "saves": len(saves),
+            "step_path_fraction": summary.checkpoint_time_fraction,
+            "step_path_fraction_periodic": sum(r["block_s"] for r in saves[:-1]) / summary.wall_time_s,
+            "block_s": [r["block_s"] for r in saves], "write_s": [r["write_s"] for r in saves],
+            "bytes": committed(open_store(str(store)), name)[-1].commit["bytes"]}
+    return out
 
 
 def raw_arm(data: dict[str, Any], ckpt_dir: Path, every: int, steps: int) -> dict[str, float]:
@@ -228,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds of every arm (default 4)")
     ap.add_argument("--kills", type=int, default=5, help="SIGKILLs for the lost-steps count (default 5)")
     ap.add_argument("--terms", type=int, default=3, help="SIGTERMs for the lost-steps count (default 3)")
+    ap.add_argument("--codelm-s", type=float, default=40.0, help="seconds of each codelm run at auto (0: skip)")
     ap.add_argument("--no-lightning", action="store_true", help="leave Lightning's Trainer out even when installed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the figures to this JSON file")
@@ -253,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 "vy": torch.from_numpy(va.arrays["y"].take(np.arange(va.n)))}
         arms: dict[str, Callable[[int, int], dict[str, float]]] = {
             "thrifty": lambda every, r: thrifty_arm(store, f"t-{every}-{r}", every, args.steps),
+            "thrifty-sync": lambda every, r: thrifty_arm(store, f"ts-{every}-{r}", every, args.steps, background=False),
             "raw": lambda every, r: raw_arm(data, work / f"raw-{every}-{r}", every, args.steps),
         }
         if lightning:
@@ -270,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
         cpu = {k: statistics.median(x["cpu_s"] for x in v) for k, v in results.items()}
         wall = {k: statistics.median(x["wall_s"] for x in v) for k, v in results.items()}
 
+        codelm = {}
+        if args.codelm_s > 0:
+            print(f"\ncodelm at checkpoint_every auto, ~{args.codelm_s:.0f} s a run, async and sync ...", flush=True)
+            codelm = codelm_auto(work / "codelm", args.codelm_s)
+
         print(f"\nlosing steps: {args.kills} SIGKILLs and {args.terms} SIGTERMs at random moments ...", flush=True)
         lost = lost_steps(work / "kills" / "store", args.kills, args.terms, args.every, args.seed)
 
@@ -283,13 +320,24 @@ def main(argv: list[str] | None = None) -> int:
                              f"{cpu[('raw', every)] / cpu[(arm, every)]:.2f}x; {wall[('raw', every)] / wall[(arm, every)]:.2f}x"))
         if not lightning:
             rows.append(("speed vs raw torch, lightning", "skipped: Lightning is not installed (pip install lightning)"))
-        for arm in ("thrifty", "raw"):
+        for arm in ("thrifty", "thrifty-sync", "raw"):
             saves = results[(arm, args.every)]
+            med = lambda key: statistics.median(x[key] for x in saves) * 1000  # noqa: E731
             rows.append((f"checkpoint time per save, {arm} (mean over saves)",
-                         f"{statistics.median(x['save_s'] for x in saves) * 1000:.2f} ms "
-                         f"({saves[0]['saves']:.0f} saves a run)"))
+                         f"{med('save_s'):.2f} ms ({saves[0]['saves']:.0f} saves a run)" if arm == "raw" else
+                         f"{med('block_s'):.2f} ms on the step path, {med('write_s'):.2f} ms write "
+                         f"({saves[0]['saves']:.0f} saves a run"
+                         + (f"; {statistics.median(x['lag_steps'] for x in saves):.1f} steps trained while in flight)"
+                            if arm == "thrifty" else ")")))
         step_ms = cpu[("raw", OFF)] / args.steps * 1000
         rows.append(("  for scale: one raw optimizer step (CPU)", f"{step_ms:.2f} ms"))
+        if codelm:
+            for mode, c in codelm.items():
+                rows.append((f"codelm at auto, {mode}: checkpoint time on the step path / wall",
+                             f"{c['step_path_fraction'] * 100:.3f} % ({c['saves']} saves in {c['wall_s']:.0f} s, "
+                             f"{c['steps']} steps; periodic saves only {c['step_path_fraction_periodic'] * 100:.3f} %)"))
+                rows.append((f"  codelm {mode}: block / write per save (ms)",
+                             ", ".join(f"{b * 1000:.1f}/{w * 1000:.1f}" for b, w in zip(c["block_s"], c["write_s"]))))
         for how, name in (("kill", "SIGKILL"), ("term", "SIGTERM")):
             v = lost[how]
             rows.append((f"steps lost per {name} (every {args.every}): mean / max / n",
@@ -300,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<{width}}  {value}")
         if args.json:
             Path(args.json).write_text(json.dumps({
-                "args": vars(args), "rows": dict(rows), "lost_steps": lost,
+                "args": vars(args), "rows": dict(rows), "lost_steps": lost, "codelm": codelm,
                 "runs": {f"{a}/{e}": v for (a, e), v in results.items()}}, indent=2))
             print(f"\nwrote {args.json}")
         return 0

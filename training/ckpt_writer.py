@@ -40,6 +40,9 @@ class Written:
                 "committed_at_step": self.committed_at_step, "async": self.background}
 
 
+_ATOMS = (bool, int, float, str, bytes, type(None))  # immutable leaves: shared, not copied
+
+
 def snapshot(state: Any, pinned: dict[tuple, torch.Tensor] | None = None, _path: tuple = ()) -> Any:
     """A copy of ``state`` that later in-place updates of its tensors cannot reach: CPU tensors cloned, device
     tensors copied into (reused) pinned CPU buffers, dicts/lists/tuples copied, other mutable leaves deep-copied.
@@ -57,11 +60,13 @@ def snapshot(state: Any, pinned: dict[tuple, torch.Tensor] | None = None, _path:
     if isinstance(state, dict):
         return {k: snapshot(v, pinned, (*_path, k)) for k, v in state.items()}
     if isinstance(state, list):
+        if all(type(v) in _ATOMS for v in state):  # e.g. python's RNG state: 625 ints, one copy
+            return list(state)
         return [snapshot(v, pinned, (*_path, i)) for i, v in enumerate(state)]
     if isinstance(state, tuple):
         return type(state)(*(snapshot(v, pinned, (*_path, i)) for i, v in enumerate(state))) \
             if hasattr(state, "_fields") else tuple(snapshot(v, pinned, (*_path, i)) for i, v in enumerate(state))
-    if state is None or isinstance(state, (bool, int, float, str, bytes)):
+    if state is None or type(state) in _ATOMS:
         return state
     return copy.deepcopy(state)
 
