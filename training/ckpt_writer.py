@@ -89,9 +89,11 @@ class CheckpointWriter:
     def in_flight(self) -> bool:
         return self._thread is not None
 
-    def save(self, state: dict[str, Any], step: int, metric: float | None, wait: bool = False) -> list[Written]:
+    def save(self, state: dict[str, Any], step: int, metric: float | None, wait: bool = False,
+             prepare: Callable[[dict[str, Any]], None] | None = None) -> list[Written]:
         """Checkpoint ``state`` as ``step``. Returns the writes finished since the last call (the previous
-        background one; this one too when it ran in the foreground or ``wait``: a stop, the final save)."""
+        background one; this one too when it ran in the foreground or ``wait``: a stop, the final save).
+        ``prepare(snapshot)`` runs on the writer before the data is written (e.g. a hash of the weights)."""
         t0 = time.perf_counter()
         self._step = step
         done = self.wait()
@@ -100,9 +102,10 @@ class CheckpointWriter:
             torch.cuda.synchronize()  # the pinned copies are complete before another thread reads them
         if not self.background:
             t_write = time.perf_counter()
-            self._write(snap, step, metric)
+            self._write(snap, step, metric, prepare)
             return [*done, Written(step, time.perf_counter() - t0, time.perf_counter() - t_write, step, False)]
-        self._thread = threading.Thread(target=self._work, args=(snap, step, metric), name="thrifty-ckpt-writer")
+        self._thread = threading.Thread(target=self._work, args=(snap, step, metric, prepare),
+                                        name="thrifty-ckpt-writer")
         self._thread.start()  # not a daemon: an interpreter exit waits for the COMMIT in flight
         self._pending = (step, time.perf_counter() - t0)
         if not wait:
@@ -128,16 +131,19 @@ class CheckpointWriter:
         (step, block_s), (write_s, committed_at_step) = self._pending, outcome
         return [Written(step, block_s, write_s, committed_at_step, True)]
 
-    def _work(self, snap: dict[str, Any], step: int, metric: float | None) -> None:
+    def _work(self, snap: dict[str, Any], step: int, metric: float | None,
+              prepare: Callable[[dict[str, Any]], None] | None) -> None:
         committed_at: list[int] = []
         try:
             t0 = time.perf_counter()
-            self._write(snap, step, metric, on_commit=lambda: committed_at.append(self._step))
+            self._write(snap, step, metric, prepare, on_commit=lambda: committed_at.append(self._step))
             self._outcome = (time.perf_counter() - t0, committed_at[0])
         except BaseException as exc:  # noqa: BLE001 -- handed to the training thread, never swallowed
             self._outcome = exc
 
     def _write(self, snap: dict[str, Any], step: int, metric: float | None,
-               on_commit: Callable[[], None] | None = None) -> None:
+               prepare: Callable[[dict[str, Any]], None] | None, on_commit: Callable[[], None] | None = None) -> None:
+        if prepare is not None:
+            prepare(snap)
         self.manager.save(snap, step, metric, on_commit=on_commit)
         self.after_commit()
