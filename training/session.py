@@ -183,12 +183,10 @@ class Session:
 
         def hash_weights(snap: dict[str, Any]) -> None:  # on the writer: hashing every weight is not the step's work
             snap["thrifty"]["weights_sha256"] = self._shas[step] = state_sha256(snap["state"])
-
         self.checkpoints_written += 1
         self.schedule.follow(step, self.schedule.interval)  # the next one is due an interval from this snapshot
-        stopping = self.stop_reason is not None or self.stop.signum is not None
-        self._report(self.writer.save({"state": state, "thrifty": meta}, step, metric, wait=stopping,
-                                      prepare=hash_weights))
+        self._report(self.writer.save({"state": state, "thrifty": meta}, step, metric, prepare=hash_weights,
+                                      wait=self.stop_reason is not None or self.stop.signum is not None))
 
     def _report(self, written: list[Written]) -> None:
         """Finished writes: their checkpoint events, the auto interval, the status the wrapper reads."""
