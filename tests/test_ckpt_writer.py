@@ -133,8 +133,10 @@ def test_a_foreground_writer_commits_before_save_returns(tmp_path):
     assert not w.background and w.committed_at_step == 3 and w.block_s >= w.write_s
 
 
-@pytest.mark.parametrize("stop_at", [5, 7])  # 5: the step's own save is in flight; 7: the save of step 5 is
-def test_a_stop_waits_for_the_write_in_flight_and_loses_no_step(tmp_path, monkeypatch, stop_at):
+@pytest.mark.parametrize("stop_at,background", [(5, True), (7, True), (7, False)])
+def test_a_stop_waits_for_the_write_in_flight_and_loses_no_step(tmp_path, monkeypatch, stop_at, background):
+    """At 5 the step's own save is in flight when the notice comes; at 7 the save of step 5 is. In the foreground
+    (train.async_checkpoint: false) every save is whole before the next step."""
     import training.checkpoint
     import training.loop
     from training.loop import train
@@ -158,7 +160,7 @@ def test_a_stop_waits_for_the_write_in_flight_and_loses_no_step(tmp_path, monkey
     store = tmp_path / "store"
     cfg = RunConfig(run_name=RUN, recipe="digits", recipe_params={"hidden": 16}, store=str(store), train={
         "max_steps": 40, "micro_batch": 32, "precision": "fp32", "device": "cpu", "checkpoint_every": 5,
-        "log_every": 1, "early_stopping": {"enabled": False}})
+        "log_every": 1, "early_stopping": {"enabled": False}, "async_checkpoint": background})
     try:
         result = train(cfg)
     finally:
@@ -173,8 +175,11 @@ def test_a_stop_waits_for_the_write_in_flight_and_loses_no_step(tmp_path, monkey
     saves = [r for r in records if r.get("event") == "checkpoint"]
     assert [r["step"] for r in saves] == sorted({5, stop_at})
     assert events.index("interrupted") > max(i for i, e in enumerate(events) if e == "checkpoint")
-    if stop_at == 7:  # the stop's own save waited for step 5's write, then wrote in the foreground
+    assert all(r["async"] is background for r in saves)
+    if stop_at == 7 and background:  # the stop's own save waited for step 5's write, then wrote in the foreground
         assert saves[-1]["block_s"] >= 0.3 + saves[-1]["write_s"] - 0.05 and saves[0]["committed_at_step"] == 7
+    if not background:
+        assert all(r["committed_at_step"] == r["step"] and r["block_s"] >= r["write_s"] >= 0.3 for r in saves)
     assert not any(t.name == "thrifty-ckpt-writer" for t in threading.enumerate())
 
 
