@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import textwrap
 import threading
 import time
 
@@ -65,7 +66,7 @@ def test_never_two_writes_in_flight_and_each_reports_block_and_write_time(tmp_pa
         reported += writer.save({"model": model.state_dict()}, step, None)
     returned_s = time.perf_counter() - t0
     assert writer.in_flight
-    reported += writer.wait()
+    reported += writer.close()
     assert mgr.most == 1, "a save waits for the write in flight"
     assert [w.step for w in reported] == [1, 2, 3] and all(w.background for w in reported)
     assert [c.step for c in mgr.committed()] == [1, 2, 3]
@@ -119,7 +120,7 @@ def test_the_snapshot_is_immune_to_the_next_steps_in_place_update(tmp_path):
     for _ in range(5):
         train_step(model, opt)
     assert writer.in_flight
-    writer.wait()
+    writer.close()
     _, saved = mgr.load_latest()
     assert all(torch.equal(saved["model"][k], at_save[k]) for k in at_save)
     assert not torch.equal(saved["model"]["weight"], model.weight.detach())
@@ -161,6 +162,7 @@ def test_a_stop_waits_for_the_write_in_flight_and_loses_no_step(tmp_path, monkey
     cfg = RunConfig(run_name=RUN, recipe="digits", recipe_params={"hidden": 16}, store=str(store), train={
         "max_steps": 40, "micro_batch": 32, "precision": "fp32", "device": "cpu", "checkpoint_every": 5,
         "log_every": 1, "early_stopping": {"enabled": False}, "async_checkpoint": background})
+    before = set(threading.enumerate())
     try:
         result = train(cfg)
     finally:
@@ -180,7 +182,7 @@ def test_a_stop_waits_for_the_write_in_flight_and_loses_no_step(tmp_path, monkey
         assert saves[-1]["block_s"] >= 0.3 + saves[-1]["write_s"] - 0.05 and saves[0]["committed_at_step"] == 7
     if not background:
         assert all(r["committed_at_step"] == r["step"] and r["block_s"] >= r["write_s"] >= 0.3 for r in saves)
-    assert not any(t.name == "thrifty-ckpt-writer" for t in threading.enumerate())
+    assert not [t for t in threading.enumerate() if t not in before], "the writer thread ends with the run"
 
 
 def test_a_fault_point_on_the_writer_thread_kills_the_whole_process():
@@ -189,3 +191,24 @@ def test_a_fault_point_on_the_writer_thread_kills_the_whole_process():
     proc = subprocess.run([PYTHON, "-c", code], env={**python_env(), "THRIFTY_FAULT": "during_data:1"},
                           capture_output=True, text=True, timeout=25)
     assert proc.returncode == -signal.SIGKILL and "alive" not in proc.stdout
+
+
+def test_an_exit_with_a_write_in_flight_waits_for_its_commit(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys, time, torch
+        from thrifty.storage import FileStore
+        from training.checkpoint import CheckpointManager
+        from training.ckpt_writer import CheckpointWriter
+
+        class Slow(CheckpointManager):
+            def save(self, *args, **kwargs):
+                time.sleep(0.5)
+                return super().save(*args, **kwargs)
+
+        writer = CheckpointWriter(Slow(FileStore({str(tmp_path / "store")!r}), "r", keep_last=2))
+        writer.save({{"w": torch.ones(3)}}, 4, None)
+        sys.exit("a crash right after a save")
+    """)
+    proc = subprocess.run([PYTHON, "-c", code], env=python_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "a crash right after a save" in proc.stderr
+    assert [c.step for c in CheckpointManager(FileStore(tmp_path / "store"), "r", keep_last=2).committed()] == [4]

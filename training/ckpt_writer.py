@@ -11,7 +11,9 @@ A kill -9 during a write leaves a step directory without COMMIT: the run resumes
 
 from __future__ import annotations
 
+import atexit
 import copy
+import queue
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -79,7 +81,10 @@ class CheckpointWriter:
         self.manager = manager
         self.background = background
         self.after_commit = after_commit or (lambda: None)
-        self._thread: threading.Thread | None = None
+        self._worker: threading.Thread | None = None  # started at the first background save, ended by close()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # a hand-off costs microseconds; a thread start more
+        self._done = threading.Event()  # the write in flight finished (or failed)
+        self._busy = False
         self._pending: tuple[int, float] = (0, 0.0)  # the write in flight: its step, the time it held the caller
         self._outcome: tuple[float, int] | BaseException | None = None  # the worker's: (write_s, committed_at_step)
         self._pinned: dict[tuple, torch.Tensor] = {}  # reused: never two snapshots alive at once
@@ -87,7 +92,7 @@ class CheckpointWriter:
 
     @property
     def in_flight(self) -> bool:
-        return self._thread is not None
+        return self._busy
 
     def save(self, state: dict[str, Any], step: int, metric: float | None, wait: bool = False,
              prepare: Callable[[dict[str, Any]], None] | None = None) -> list[Written]:
@@ -104,9 +109,13 @@ class CheckpointWriter:
             t_write = time.perf_counter()
             self._write(snap, step, metric, prepare)
             return [*done, Written(step, time.perf_counter() - t0, time.perf_counter() - t_write, step, False)]
-        self._thread = threading.Thread(target=self._work, args=(snap, step, metric, prepare),
-                                        name="thrifty-ckpt-writer")
-        self._thread.start()  # not a daemon: an interpreter exit waits for the COMMIT in flight
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._serve, name="thrifty-ckpt-writer", daemon=True)
+            self._worker.start()
+            atexit.register(self._drain)  # an interpreter exit (an exception, sys.exit) waits for the COMMIT
+        self._done.clear()
+        self._busy = True
+        self._jobs.put((snap, step, metric, prepare))
         self._pending = (step, time.perf_counter() - t0)
         if not wait:
             return done
@@ -115,21 +124,39 @@ class CheckpointWriter:
     def poll(self, step: int) -> list[Written]:
         """Tell the writer the training thread finished ``step``; returns the write that finished, if one did."""
         self._step = step
-        if self._thread is None or self._thread.is_alive():
-            return []
-        return self.wait()
+        return self.wait() if self._busy and self._done.is_set() else []
 
     def wait(self) -> list[Written]:
         """Wait for the write in flight; returns it once finished, raises its error on this thread."""
-        if self._thread is None:
+        if not self._busy:
             return []
-        self._thread.join()
-        self._thread = None
+        self._done.wait()
+        self._busy = False
         outcome, self._outcome = self._outcome, None
         if isinstance(outcome, BaseException):
             raise outcome
         (step, block_s), (write_s, committed_at_step) = self._pending, outcome
         return [Written(step, block_s, write_s, committed_at_step, True)]
+
+    def close(self) -> list[Written]:
+        """Wait for the write in flight (returned as ``wait`` does) and end the worker thread."""
+        try:
+            return self.wait()
+        finally:
+            if self._worker is not None:
+                self._jobs.put(None)
+                self._worker.join()
+                self._worker = None
+                atexit.unregister(self._drain)
+
+    def _drain(self) -> None:
+        if self._busy:
+            self._done.wait()
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self._work(*job)
+            self._done.set()
 
     def _work(self, snap: dict[str, Any], step: int, metric: float | None,
               prepare: Callable[[dict[str, Any]], None] | None) -> None:

@@ -369,10 +369,10 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             at_cap = dist.any(at_cap)  # rank 0 decides the cap; every rank stops at the same step
             if last_saved_step != state.step:
                 save(final=True)
-            report(writer.wait())  # the step saved just before the stop may still be in flight
             interrupted = "budget" if at_cap else "signal"
             break
 
+    report(writer.close())  # a stop right after a due save: that write lands before the run says "interrupted"
     wall = base_train_time + (time.perf_counter() - attempt_t0)
     if interrupted:
         emit({"event": "interrupted", "step": state.step, "reason": interrupted})

@@ -326,7 +326,7 @@ class Session:
         atexit.unregister(self.close)
         try:
             try:
-                self._report(self.writer.wait())  # the write in flight: committed before the verdict
+                self._report(self.writer.close())  # the write in flight: committed before the verdict
             except Exception as exc:  # a failed write is a failed job (restarted), never a quiet exit 0
                 self._write_error = exc
             ended, code, message = self._verdict()
