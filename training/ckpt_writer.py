@@ -89,6 +89,7 @@ class CheckpointWriter:
         self._outcome: tuple[float, int] | BaseException | None = None  # the worker's: (write_s, committed_at_step)
         self._pinned: dict[tuple, torch.Tensor] = {}  # reused: never two snapshots alive at once
         self._step = 0  # the training thread's progress, read by the worker when its COMMIT lands
+        self.stop_save_s = 0.0  # the most a save has cost in the foreground (a stop's save): the budget holds it back
 
     @property
     def in_flight(self) -> bool:
@@ -108,6 +109,7 @@ class CheckpointWriter:
         if not self.background:
             t_write = time.perf_counter()
             self._write(snap, step, metric, prepare)
+            self.stop_save_s = max(self.stop_save_s, time.perf_counter() - t0)
             return [*done, Written(step, time.perf_counter() - t0, time.perf_counter() - t_write, step, False)]
         if self._worker is None:
             self._worker = threading.Thread(target=self._serve, name="thrifty-ckpt-writer", daemon=True)
@@ -136,6 +138,7 @@ class CheckpointWriter:
         if isinstance(outcome, BaseException):
             raise outcome
         (step, block_s), (write_s, committed_at_step) = self._pending, outcome
+        self.stop_save_s = max(self.stop_save_s, block_s + write_s)
         return [Written(step, block_s, write_s, committed_at_step, True)]
 
     def close(self) -> list[Written]:

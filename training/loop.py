@@ -242,16 +242,13 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
 
     # checkpoints are written by one background thread (train.async_checkpoint); the metrics go up after each COMMIT
     writer = CheckpointWriter(ckpts, tc.async_checkpoint, metrics.put if metrics and metrics.upload else None)
-    stop_save_s = 0.0  # what a save on a stop costs, all of it in the foreground: the budget holds it back
 
     finished: list[Written] = []  # writes reported since the last save: the auto interval re-plans from them there
 
     def report(written: list[Written]) -> None:
         """The checkpoint events of finished writes (rank 0)."""
-        nonlocal stop_save_s
         for w in written:
             state.checkpoint_time_s += w.block_s
-            stop_save_s = max(stop_save_s, w.block_s + w.write_s) if w.background else w.block_s
             emit(w.event())
         finished.extend(written)
 
@@ -364,7 +361,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         at_cap = False
         if meter is not None and not finishing:
             meter.beat()
-            at_cap = meter.over_cap(max(schedule.save_s or 0.0, stop_save_s), step_time)
+            at_cap = meter.over_cap(max(schedule.save_s or 0.0, writer.stop_save_s), step_time)  # a stop's save waits
         if dist.any(stop.signum is not None or at_cap):
             at_cap = dist.any(at_cap)  # rank 0 decides the cap; every rank stops at the same step
             if last_saved_step != state.step:

@@ -85,8 +85,7 @@ class Session:
         self.store = open_store(cfg.store)
         self._lease = one_trainer(self.store, self.run_id, self.dist)  # a by-hand run takes the lease itself
         self._lease.__enter__()
-        self._closed = False
-        self._crashed = False
+        self._closed, self._crashed = False, False
         self._write_error: Exception | None = None
         self.status_path = os.environ.get(ENV_STATUS)
         limit = os.environ.get(ENV_STEP_LIMIT)
@@ -222,7 +221,8 @@ class Session:
                 self.stop_reason = "early_stop"
             elif self.meter is not None:
                 self.meter.beat()
-                if self.meter.over_cap(self.schedule.save_s or 0.0, self.step_time_s() or 0.0):
+                if self.meter.over_cap(max(self.schedule.save_s or 0.0, self.writer.stop_save_s),  # (a stop's save
+                                       self.step_time_s() or 0.0):  # waits for the write in flight, then writes)
                     self.stop_reason = "budget"
             if self.stop_reason is not None:
                 log.warning("session: stop requested (%s) at step %d", self.stop_reason, self.step)
