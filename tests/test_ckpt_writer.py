@@ -212,3 +212,14 @@ def test_an_exit_with_a_write_in_flight_waits_for_its_commit(tmp_path):
     proc = subprocess.run([PYTHON, "-c", code], env=python_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "a crash right after a save" in proc.stderr
     assert [c.step for c in CheckpointManager(FileStore(tmp_path / "store"), "r", keep_last=2).committed()] == [4]
+
+
+def test_auto_plans_from_the_step_path_cost_but_never_an_interval_shorter_than_a_write():
+    from training.progress import CheckpointSchedule
+
+    cheap = CheckpointSchedule("auto", mtbp_s=3600.0, start_step=0)
+    plan = cheap.saved(10, save_s=0.002, step_time_s=0.01, write_s=0.0)
+    assert plan["steps"] == round(plan["seconds"] / 0.01)  # Young/Daly on the 2 ms the step was held
+    slow_write = CheckpointSchedule("auto", mtbp_s=3600.0, start_step=0)
+    plan = slow_write.saved(10, save_s=0.002, step_time_s=0.01, write_s=30.0)
+    assert plan["steps"] == 3000, "a save due while the write is in flight would only wait for it"
