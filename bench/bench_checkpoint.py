@@ -1,18 +1,21 @@
 """Checkpoint cost, measured side by side in one run (digits MLP, CPU, one torch thread).
 
-1. Speed: Thrifty's training loop against a raw torch loop of the same model, data, optimizer and
+1. Speed: Thrifty's training loop, checkpoints in the background (``thrifty``, the default) and on the
+   training thread (``thrifty-sync``), against a raw torch loop of the same model, data, optimizer and
    checkpoint cadence (every 25 steps, and off), and against Lightning's Trainer when it is installed.
-   Arms interleave, round after round, in a rotating order; CPU time (``time.process_time``) is the
-   measure, wall time is shown beside it. A ratio is the raw loop's time over the other's: 1.00 = as
-   fast as raw torch, 0.87 = 13 % slower.
-2. Checkpoint time per save: the loop's own ``save_s`` (its metric lines) and the raw loop's
-   ``torch.save`` + rename, on the same store.
+   Arms interleave, round after round, in a rotating order; CPU time (``time.process_time``, every
+   thread) is the measure, the training thread's own CPU time and wall time are shown beside it. A
+   ratio is the raw loop's time over the other's: 1.00 = as fast as raw torch, 0.87 = 13 % slower.
+2. Checkpoint time per save: the loop's ``block_s`` (the step path) and ``write_s`` (the write) from
+   its metric lines, and the raw loop's ``torch.save`` + rename, on the same store.
+   Then codelm (a small GPT) at ``checkpoint_every: auto``, background and foreground: the checkpoint
+   time on the step path as a share of wall (the run's ``checkpoint_time_fraction``).
 3. Lost work: ``python -m training`` is started again and again on one run (checkpoint every 25,
    a metric line every step) and SIGKILLed or SIGTERMed at a random moment after a random number
    of steps; the steps lost are the last step it reported minus the step the next attempt resumes
    from. A SIGKILL may lose up to one interval; a SIGTERM (a spot notice) must lose nothing.
 
-    python bench/bench_checkpoint.py               # ~2 min on a 2-core CPU
+    python bench/bench_checkpoint.py               # ~3-4 min on a 2-core CPU
     python bench/bench_checkpoint.py --json out.json
 """
 
@@ -40,31 +43,62 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from thrifty.checkpoints import committed  # noqa: E402
 from thrifty.config import RunConfig  # noqa: E402
 from thrifty.storage import open_store  # noqa: E402
 from training.data import epoch_permutation, open_cache  # noqa: E402
-from training.loop import lr_factor, train  # noqa: E402
+from training.loop import train  # noqa: E402
+from training.recipes import lr_factor  # noqa: E402
 from training.recipes.base import resolve_recipe  # noqa: E402
 
 OFF = 10**9  # checkpoint_every for "off": only the final save
 PARAMS: dict[str, Any] = {"hidden": 128}
 
 
-def config(store: str, name: str, every: int, steps: int, log_every: int = 10) -> RunConfig:
+def config(store: str, name: str, every: int, steps: int, log_every: int = 10, background: bool = True) -> RunConfig:
     return RunConfig(run_name=name, recipe="digits", recipe_params=PARAMS, store=store, train={
         "max_steps": steps, "max_epochs": 10**6, "micro_batch": 32, "precision": "fp32", "device": "cpu",
-        "checkpoint_every": every, "eval_every": steps, "log_every": log_every, "early_stopping": {"enabled": False}})
+        "checkpoint_every": every, "eval_every": steps, "log_every": log_every, "early_stopping": {"enabled": False},
+        "async_checkpoint": background})
 
 
 # ---------------------------------------------------------------- the arms
 
 
-def thrifty_arm(store: Path, name: str, every: int, steps: int) -> dict[str, float]:
-    summary = train(config(str(store), name, every, steps)).summary
-    saves = [json.loads(line)["save_s"] for p in (store / "runs" / name / "metrics").glob("*.jsonl")
-             for line in p.read_text().splitlines() if '"event": "checkpoint"' in line]
-    return {"saves": len(saves), "save_s": statistics.mean(saves) if saves else 0.0,
-            "val_loss": summary.final_metrics["val_loss"]}
+def checkpoint_events(store: Path, name: str) -> list[dict[str, Any]]:
+    return [r for p in (store / "runs" / name / "metrics").glob("*.jsonl") for line in p.read_text().splitlines()
+            if (r := json.loads(line)).get("event") == "checkpoint"]
+
+
+def thrifty_arm(store: Path, name: str, every: int, steps: int, background: bool = True) -> dict[str, float]:
+    summary = train(config(str(store), name, every, steps, background=background)).summary
+    saves = checkpoint_events(store, name)[:-1] or checkpoint_events(store, name)  # the last one waits: the end
+    mean = lambda key: statistics.mean(r[key] for r in saves) if saves else 0.0  # noqa: E731
+    return {"saves": len(saves) + 1, "save_s": mean("save_s"), "block_s": mean("block_s"), "write_s": mean("write_s"),
+            "lag_steps": mean("committed_at_step") - mean("step"), "val_loss": summary.final_metrics["val_loss"]}
+
+
+def codelm_auto(store: Path, seconds: float) -> dict[str, Any]:
+    """A short codelm run at ``checkpoint_every: auto``: the checkpoint time on the step path as a share of wall."""
+    base = {"recipe": "codelm", "recipe_params": {"max_bytes": 400_000}, "store": str(store)}
+    tc = {"max_epochs": 10**6, "micro_batch": 8, "precision": "fp32", "device": "cpu", "log_every": 10,
+          "eval_every": 10**6, "early_stopping": {"enabled": False}}
+    probe = train(RunConfig(run_name="codelm-probe", **base, train={**tc, "max_steps": 5, "checkpoint_every": 5}))
+    step_s = probe.summary.wall_time_s / 5  # the first steps are slower: a conservative count
+    steps = max(30, int(seconds / step_s))
+    out = {}
+    for background in (True, False):
+        name = f"codelm-auto-{'async' if background else 'sync'}"
+        summary = train(RunConfig(run_name=name, **base, train={**tc, "max_steps": steps, "checkpoint_every": "auto",
+                                                               "async_checkpoint": background})).summary
+        saves = checkpoint_events(store, name)
+        out["async" if background else "sync"] = {
+            "steps": steps, "wall_s": summary.wall_time_s, "saves": len(saves),
+            "step_path_fraction": summary.checkpoint_time_fraction,
+            "step_path_fraction_periodic": sum(r["block_s"] for r in saves[:-1]) / summary.wall_time_s,
+            "block_s": [r["block_s"] for r in saves], "write_s": [r["write_s"] for r in saves],
+            "bytes": committed(open_store(str(store)), name)[-1].commit["bytes"]}
+    return out
 
 
 def raw_arm(data: dict[str, Any], ckpt_dir: Path, every: int, steps: int) -> dict[str, float]:
@@ -74,7 +108,7 @@ def raw_arm(data: dict[str, Any], ckpt_dir: Path, every: int, steps: int) -> dic
     torch.manual_seed(cfg.train.seed)
     model = recipe.build_model(params, data["meta"])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, 0, steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.train, steps))
     x, y, n, batch = data["x"], data["y"], len(data["y"]), cfg.train.micro_batch
     per_epoch = n // batch
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -128,7 +162,7 @@ def lightning_arm(data: dict[str, Any], ckpt_dir: Path, every: int, steps: int) 
 
         def configure_optimizers(self) -> Any:
             opt = torch.optim.AdamW(self.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, 0, steps))
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.train, steps))
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data["x"], data["y"]),
@@ -147,9 +181,11 @@ def lightning_arm(data: dict[str, Any], ckpt_dir: Path, every: int, steps: int) 
 
 
 def timed(fn: Callable[[], dict[str, float]]) -> dict[str, float]:
-    c0, w0 = time.process_time(), time.perf_counter()
+    """CPU time of the process (every thread: the background writer's too), of the training thread alone, and wall."""
+    c0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
     out = fn()
-    return {**out, "cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0}
+    return {**out, "cpu_s": time.process_time() - c0, "thread_cpu_s": time.thread_time() - t0,
+            "wall_s": time.perf_counter() - w0}
 
 
 # ---------------------------------------------------------------- lost steps per kill
@@ -227,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds of every arm (default 4)")
     ap.add_argument("--kills", type=int, default=5, help="SIGKILLs for the lost-steps count (default 5)")
     ap.add_argument("--terms", type=int, default=3, help="SIGTERMs for the lost-steps count (default 3)")
+    ap.add_argument("--codelm-s", type=float, default=40.0, help="seconds of each codelm run at auto (0: skip)")
     ap.add_argument("--no-lightning", action="store_true", help="leave Lightning's Trainer out even when installed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the figures to this JSON file")
@@ -252,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                 "vy": torch.from_numpy(va.arrays["y"].take(np.arange(va.n)))}
         arms: dict[str, Callable[[int, int], dict[str, float]]] = {
             "thrifty": lambda every, r: thrifty_arm(store, f"t-{every}-{r}", every, args.steps),
+            "thrifty-sync": lambda every, r: thrifty_arm(store, f"ts-{every}-{r}", every, args.steps, background=False),
             "raw": lambda every, r: raw_arm(data, work / f"raw-{every}-{r}", every, args.steps),
         }
         if lightning:
@@ -267,7 +305,13 @@ def main(argv: list[str] | None = None) -> int:
             for arm, every in order[r % len(order):] + order[: r % len(order)]:  # rotate: drift spreads evenly
                 results.setdefault((arm, every), []).append(timed(lambda: arms[arm](every, r)))
         cpu = {k: statistics.median(x["cpu_s"] for x in v) for k, v in results.items()}
+        thread_cpu = {k: statistics.median(x["thread_cpu_s"] for x in v) for k, v in results.items()}
         wall = {k: statistics.median(x["wall_s"] for x in v) for k, v in results.items()}
+
+        codelm = {}
+        if args.codelm_s > 0:
+            print(f"\ncodelm at checkpoint_every auto, ~{args.codelm_s:.0f} s a run, async and sync ...", flush=True)
+            codelm = codelm_auto(work / "codelm", args.codelm_s)
 
         print(f"\nlosing steps: {args.kills} SIGKILLs and {args.terms} SIGTERMs at random moments ...", flush=True)
         lost = lost_steps(work / "kills" / "store", args.kills, args.terms, args.every, args.seed)
@@ -278,17 +322,30 @@ def main(argv: list[str] | None = None) -> int:
             for arm in arms:
                 if arm == "raw":
                     continue
-                rows.append((f"speed vs raw torch, {arm}, checkpoints {label} (CPU; wall)",
-                             f"{cpu[('raw', every)] / cpu[(arm, every)]:.2f}x; {wall[('raw', every)] / wall[(arm, every)]:.2f}x"))
+                rows.append((f"speed vs raw torch, {arm}, checkpoints {label} (CPU; training-thread CPU; wall)",
+                             f"{cpu[('raw', every)] / cpu[(arm, every)]:.2f}x; "
+                             f"{thread_cpu[('raw', every)] / thread_cpu[(arm, every)]:.2f}x; "
+                             f"{wall[('raw', every)] / wall[(arm, every)]:.2f}x"))
         if not lightning:
             rows.append(("speed vs raw torch, lightning", "skipped: Lightning is not installed (pip install lightning)"))
-        for arm in ("thrifty", "raw"):
+        for arm in ("thrifty", "thrifty-sync", "raw"):
             saves = results[(arm, args.every)]
+            med = lambda key: statistics.median(x[key] for x in saves) * 1000  # noqa: E731
             rows.append((f"checkpoint time per save, {arm} (mean over saves)",
-                         f"{statistics.median(x['save_s'] for x in saves) * 1000:.2f} ms "
-                         f"({saves[0]['saves']:.0f} saves a run)"))
+                         f"{med('save_s'):.2f} ms ({saves[0]['saves']:.0f} saves a run)" if arm == "raw" else
+                         f"{med('block_s'):.2f} ms on the step path, {med('write_s'):.2f} ms write "
+                         f"({saves[0]['saves']:.0f} saves a run"
+                         + (f"; {statistics.median(x['lag_steps'] for x in saves):.1f} steps trained while in flight)"
+                            if arm == "thrifty" else ")")))
         step_ms = cpu[("raw", OFF)] / args.steps * 1000
         rows.append(("  for scale: one raw optimizer step (CPU)", f"{step_ms:.2f} ms"))
+        if codelm:
+            for mode, c in codelm.items():
+                rows.append((f"codelm at auto, {mode}: checkpoint time on the step path / wall",
+                             f"{c['step_path_fraction'] * 100:.3f} % ({c['saves']} saves in {c['wall_s']:.0f} s, "
+                             f"{c['steps']} steps; periodic saves only {c['step_path_fraction_periodic'] * 100:.3f} %)"))
+                rows.append((f"  codelm {mode}: block / write per save (ms)",
+                             ", ".join(f"{b * 1000:.1f}/{w * 1000:.1f}" for b, w in zip(c["block_s"], c["write_s"]))))
         for how, name in (("kill", "SIGKILL"), ("term", "SIGTERM")):
             v = lost[how]
             rows.append((f"steps lost per {name} (every {args.every}): mean / max / n",
@@ -299,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<{width}}  {value}")
         if args.json:
             Path(args.json).write_text(json.dumps({
-                "args": vars(args), "rows": dict(rows), "lost_steps": lost,
+                "args": vars(args), "rows": dict(rows), "lost_steps": lost, "codelm": codelm,
                 "runs": {f"{a}/{e}": v for (a, e), v in results.items()}}, indent=2))
             print(f"\nwrote {args.json}")
         return 0

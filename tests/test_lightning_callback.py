@@ -25,7 +25,8 @@ def test_lightning_resumes_after_kill_and_loses_no_step_on_sigterm(tmp_path):
     wait_for_step(proc, store, "lit", 25, since=t0)
     kill_group(proc)  # kill -9: the wrapper and the script
     killed_at = committed_steps(store, "lit")[-1]
-    assert killed_at >= 20, "checkpoints every 10 steps"
+    # checkpoints every 10 steps, written in the background: step 20's may still be in flight, never step 10's too
+    assert killed_at >= 10, "checkpoints every 10 steps"
 
     t0 = time.time()
     proc = start(config, tmp_path)

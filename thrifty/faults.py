@@ -2,8 +2,9 @@
 
 Points: ``step`` (after an optimizer step), ``during_data`` (a write call inside a checkpoint's data),
 ``after_data`` (checkpoint data written, commit not yet), ``after_commit``, ``archive_move`` (an
-object moved to the cold tier). Unset in normal runs, where a
-fault point is one dictionary lookup.
+object moved to the cold tier). The checkpoint points fire on the background writer thread
+(``training.ckpt_writer``): SIGKILL ends the whole process from any thread. Unset in normal runs,
+where a fault point is one dictionary lookup.
 """
 
 from __future__ import annotations

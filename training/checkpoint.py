@@ -13,7 +13,7 @@ import logging
 import contextlib
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 import torch
 
@@ -38,6 +38,7 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.mode = mode  # how "best" is judged: min or max of the commit's metric
         self._index: list[CheckpointInfo] | None = None  # complete checkpoints, once listed
+        self._swept = False  # torn leftovers below the newest checkpoint removed (once: this process tears none)
 
     # ------------------------------------------------------------------ listing
     def committed(self) -> list[CheckpointInfo]:
@@ -54,22 +55,30 @@ class CheckpointManager:
         return layout.best(infos, self.mode)
 
     # ------------------------------------------------------------------ saving
-    def save(self, state: dict[str, Any], step: int, metric: float | None) -> float:
+    def save(self, state: dict[str, Any], step: int, metric: float | None,
+             on_commit: Callable[[], None] | None = None) -> float:
         """Write a checkpoint for ``step`` atomically; returns seconds taken.
 
         The state is streamed into the store once (beside its target on a file store, spooled then
         uploaded on an object store) while its sha256 is computed; the COMMIT record, written last,
-        carries it. Nothing is read back.
+        carries it. Nothing is read back. ``on_commit`` runs the moment the COMMIT is written.
         """
         t0 = time.perf_counter()
         ckpt = layout.step_prefix(self.run_id, step)
-        with self.store.writer(join_key(ckpt, layout.STATE)) as f:
-            sink = _Hashing(f)
-            torch.save(state, sink)
+        try:
+            with self.store.writer(join_key(ckpt, layout.STATE)) as f:
+                sink = _Hashing(f)
+                torch.save(state, sink)
+                sink.flush()
+        except BaseException:
+            self._swept = False  # what this failed write left is swept at the next prune
+            raise
         fault_point("after_data")
         commit = {"step": step, "bytes": sink.size, "sha256": sink.hexdigest(), "metric": metric,
                   "metric_mode": self.mode, "time_unix": time.time()}
         self.store.put_bytes(join_key(ckpt, layout.COMMIT), json.dumps(commit).encode())
+        if on_commit is not None:
+            on_commit()
         fault_point("after_commit")
         index = [c for c in self._known() if c.step != step]
         self._index = sorted(index + [CheckpointInfo(step, ckpt, commit)], key=lambda c: c.step)
@@ -77,7 +86,8 @@ class CheckpointManager:
         return time.perf_counter() - t0
 
     def prune(self) -> None:
-        """Keep the last ``keep_last`` complete checkpoints and the best one; drop torn leftovers below them."""
+        """Keep the last ``keep_last`` complete checkpoints and the best one, from the index; the first prune of a
+        process (and one after a failed write) also drops torn leftovers below them: one listing."""
         infos = self._known()
         keep = {c.step for c in infos[-self.keep_last :]}
         best = self.best(infos)
@@ -88,18 +98,23 @@ class CheckpointManager:
                 self._delete(c.prefix)
         self._index = [c for c in infos if c.step in keep]
         newest = infos[-1].step if infos else None
-        if newest is not None:  # torn writes older than the newest complete checkpoint are garbage: one listing
+        if newest is not None and not self._swept:  # torn writes older than the newest complete checkpoint
             committed_steps = {c.step for c in infos}
             for obj in self.store.list(self.prefix + "/"):
                 step = layout.step_of_dir(obj.key.rpartition("/")[0])
                 if step is not None and step < newest and step not in committed_steps:
                     self.store.delete(obj.key)
             self.store.sweep(self.prefix)  # and what killed writers left beside them (temp files, empty dirs)
+            self._swept = True
 
     def _delete(self, ckpt_prefix: str) -> None:
-        self.store.delete(join_key(ckpt_prefix, layout.COMMIT))  # first: it stops being "complete"
-        for obj in self.store.list(ckpt_prefix + "/"):
-            self.store.delete(obj.key)
+        """A checkpoint this manager knows whole: its two objects by name, no listing (COMMIT first: it stops being
+        complete)."""
+        for name in (layout.COMMIT, layout.STATE):
+            try:
+                self.store.delete(join_key(ckpt_prefix, name))
+            except NotFound:
+                pass
 
     # ------------------------------------------------------------------ loading
     def load_latest(self) -> tuple[CheckpointInfo, dict[str, Any]] | None:
@@ -129,19 +144,32 @@ class CheckpointManager:
 
 
 class _Hashing:
-    """A write-only file that hashes and counts what passes through it (what torch.save writes)."""
+    """A write-only file that hashes and counts what passes through it (what torch.save writes), in chunks: torch's
+    many small writes are gathered, so the store sees a few large ones (and a background writer few GIL handoffs)."""
+
+    CHUNK = 1 << 16
 
     def __init__(self, f: BinaryIO):
         self.f, self.size, self._h = f, 0, hashlib.sha256()
+        self._buf = bytearray()
 
     def write(self, data: bytes) -> int:
-        self._h.update(data)
-        self.size += len(data)
-        written = self.f.write(data)
-        fault_point("during_data")  # crash tests: a kill in the middle of a checkpoint's data
-        return written
+        self._buf += data
+        if len(self._buf) >= self.CHUNK:
+            self._drain()
+        return len(data)
+
+    def _drain(self) -> None:
+        if self._buf:
+            chunk = bytes(self._buf)
+            self._buf.clear()
+            self._h.update(chunk)
+            self.size += len(chunk)
+            self.f.write(chunk)
+            fault_point("during_data")  # crash tests: a kill in the middle of a checkpoint's data
 
     def flush(self) -> None:
+        self._drain()
         self.f.flush()
 
     def hexdigest(self) -> str:

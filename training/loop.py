@@ -31,6 +31,7 @@ from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
 from thrifty.throughput import speed_key
 from training.checkpoint import CheckpointManager
+from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation, open_cache
 from training.progress import CheckpointSchedule, MetricsWriter
 from training.steps import batch_positions, evaluate, optimizer_step
@@ -243,7 +244,33 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     log.info("training %s: %d steps (%d per epoch), %s on %s, cache %s", recipe.name, total_steps, steps_per_epoch,
              precision_name(amp), device, "hit" if cache.hit else "miss")
 
-    def save() -> None:
+    # checkpoints are written by one background thread (train.async_checkpoint); the metrics go up after each COMMIT
+    writer = CheckpointWriter(ckpts, tc.async_checkpoint, metrics.put if metrics and metrics.upload else None)
+
+    finished: list[Written] = []  # writes reported since the last save: the auto interval re-plans from them there
+
+    def report(written: list[Written]) -> None:
+        """The checkpoint events of finished writes (rank 0)."""
+        for w in written:
+            state.checkpoint_time_s += w.block_s
+            emit(w.event())
+        finished.extend(written)
+
+    def replan() -> None:
+        """Re-plan auto from the writes finished since the last save (rank 0, just before the broadcast: every rank
+        changes its interval at the same step)."""
+        for w in finished:
+            plan = schedule.saved(w.step, w.block_s, statistics.median(recent_step_s) if recent_step_s else 0.0,
+                                  write_s=w.write_s)
+            if plan:
+                emit(plan)
+                log.info("auto checkpoint interval: every %d steps (~%.1f s; save %.3f s, mean time between "
+                         "preemptions %.0f s from %s)", plan["steps"], plan["seconds"], plan["save_s"], plan["mtbp_s"],
+                         plan["mtbp_source"])
+        finished.clear()
+
+    def save(final: bool = False) -> None:
+        """Snapshot now, write in the background; ``final`` (the end, a stop) waits for the COMMIT."""
         rngs = dist.gather(rng_state())  # every rank's RNG streams, so each resumes its own
         if dist.is_main:
             checkpoint = {
@@ -255,17 +282,10 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
                 "config": cfg.model_dump_json(), "data_key": cache.key, "world_size": dist.world,
             }
             evaluated_here = state.last_eval_step == state.step  # else the metric belongs to other weights
-            save_s = ckpts.save(checkpoint, state.step, state.last_eval.get(es_cfg.metric) if evaluated_here else None)
+            report(writer.save(checkpoint, state.step, state.last_eval.get(es_cfg.metric) if evaluated_here else None,
+                               wait=final))
             state.checkpoints_written += 1
-            state.checkpoint_time_s += save_s
-            emit({"event": "checkpoint", "step": state.step, "save_s": round(save_s, 4)})
-            plan = schedule.saved(state.step, save_s, statistics.median(recent_step_s) if recent_step_s else 0.0)
-            if plan:
-                emit(plan)
-                log.info("auto checkpoint interval: every %d steps (~%.1f s; save %.3f s, mean time between "
-                         "preemptions %.0f s from %s)", plan["steps"], plan["seconds"], plan["save_s"], plan["mtbp_s"],
-                         plan["mtbp_source"])
-            metrics.sync()
+            replan()
         schedule.follow(state.step, dist.broadcast(schedule.interval))  # all ranks keep rank 0's plan
 
     # ---- the loop
@@ -338,19 +358,22 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
 
         finishing = stopper.stopped or state.step >= stop_steps
         if schedule.due(state.step) or finishing:
-            save()
+            save(final=finishing)
             last_saved_step = state.step
+        elif writer.in_flight:
+            report(writer.poll(state.step))
         at_cap = False
         if meter is not None and not finishing:
             meter.beat()
-            at_cap = meter.over_cap(schedule.save_s or 0.0, step_time)
+            at_cap = meter.over_cap(max(schedule.save_s or 0.0, writer.stop_save_s), step_time)  # a stop's save waits
         if dist.any(stop.signum is not None or at_cap):
             at_cap = dist.any(at_cap)  # rank 0 decides the cap; every rank stops at the same step
             if last_saved_step != state.step:
-                save()
+                save(final=True)
             interrupted = "budget" if at_cap else "signal"
             break
 
+    report(writer.close())  # a stop right after a due save: that write lands before the run says "interrupted"
     wall = base_train_time + (time.perf_counter() - attempt_t0)
     if interrupted:
         emit({"event": "interrupted", "step": state.step, "reason": interrupted})

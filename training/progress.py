@@ -7,6 +7,7 @@ a fixed interval, or Young/Daly from the measured save time and the mean time be
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -40,7 +41,12 @@ class MetricsWriter:
     def sync(self) -> None:
         if self.upload:
             self._f.flush()
-            self.store.put_file(self.key, self.path)
+            self.put()
+
+    def put(self) -> None:
+        """Upload the lines written so far (safe from another thread: the file is line-buffered, so whole lines are
+        on disk; one the training thread is writing may come out cut, and readers skip it)."""
+        self.store.put_file(self.key, self.path)
 
     def close(self) -> None:
         self.sync()
@@ -67,14 +73,17 @@ class CheckpointSchedule:
     def follow(self, step: int, interval: int) -> None:
         self.last_saved, self.interval = step, interval
 
-    def saved(self, step: int, save_s: float, step_time_s: float) -> dict[str, Any] | None:
-        """Record a save; for auto, re-plan and return the new plan when it changed by > 20%."""
-        self.last_saved = step
+    def saved(self, step: int, save_s: float, step_time_s: float, write_s: float = 0.0) -> dict[str, Any] | None:
+        """Record a save (``save_s`` on the step path; ``write_s`` the write, in the background when async); for auto,
+        re-plan and return the new plan when it changed by > 20%. An interval is never shorter than a write: a save
+        due while one is in flight would wait for it."""
+        self.last_saved = max(self.last_saved, step)
         self.save_s = save_s if self.save_s is None else 0.7 * self.save_s + 0.3 * save_s
         if not self.auto:
             return None
-        tau_s = daly_interval_s(self.save_s, self.mtbp_s)
-        steps = max(1, round(tau_s / max(step_time_s, 1e-9)))
+        tau_s = max(daly_interval_s(self.save_s, self.mtbp_s), write_s)
+        step_s = max(step_time_s, 1e-9)
+        steps = max(1, round(tau_s / step_s), math.ceil(write_s / step_s))
         if abs(steps - self.interval) <= 0.2 * self.interval:
             return None
         self.interval = steps

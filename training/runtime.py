@@ -149,6 +149,28 @@ def weights_sha256(state_dict: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def state_sha256(state: Any) -> str:
+    """A hash of the weights a checkpoint holds: its 'model' (or 'state_dict') entry, else every tensor in it."""
+    if isinstance(state, dict):
+        for key in ("model", "state_dict"):
+            if isinstance(state.get(key), dict) and all(isinstance(v, torch.Tensor) for v in state[key].values()):
+                return weights_sha256(state[key])
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(obj: Any, path: str) -> None:
+        if isinstance(obj, torch.Tensor):
+            tensors[path] = obj
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{path}.{k}")
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(v, f"{path}.{i}")
+
+    walk(state, "")
+    return weights_sha256(tensors) if tensors else hashlib.sha256(b"").hexdigest()
+
+
 class StopSignal:
     """SIGTERM (a spot notice) or SIGINT asks the loop to checkpoint at the next step boundary and exit."""
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import datetime as dt
-import hashlib
 import json
 import logging
 import math
@@ -29,16 +28,17 @@ from thrifty.config import ConfigError, RunConfig, config_from_env, load_config
 from thrifty.faults import fault_point
 from thrifty.meter import NodeMeter
 from thrifty.preemption import config_mtbp, node_mtbp
-from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET
+from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.script import ENV_STATUS, ENV_STEP_LIMIT, SessionStatus, is_script, script_params
 from thrifty.storage import open_store
 from training.checkpoint import CheckpointManager
+from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation
 from training.early_stopping import EarlyStopping
 from training.loop import check_compatible, one_trainer
 from training.progress import CheckpointSchedule, MetricsWriter
-from training.runtime import Dist, StopSignal, rng_state, seed_everything, set_rng_state, weights_sha256
+from training.runtime import Dist, StopSignal, rng_state, seed_everything, set_rng_state, state_sha256
 
 log = logging.getLogger("thrifty.session")
 
@@ -67,28 +67,6 @@ def _config_from(config: Any) -> RunConfig:
                       "train` (they set $THRIFTY_RUN_CONFIG), pass --config FILE, or call init('run.yaml')")
 
 
-def state_sha256(state: Any) -> str:
-    """A hash of the weights a checkpoint holds: its 'model' (or 'state_dict') entry, else every tensor in it."""
-    if isinstance(state, dict):
-        for key in ("model", "state_dict"):
-            if isinstance(state.get(key), dict) and all(isinstance(v, torch.Tensor) for v in state[key].values()):
-                return weights_sha256(state[key])
-    tensors: dict[str, torch.Tensor] = {}
-
-    def walk(obj: Any, path: str) -> None:
-        if isinstance(obj, torch.Tensor):
-            tensors[path] = obj
-        elif isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(v, f"{path}.{k}")
-        elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(obj):
-                walk(v, f"{path}.{i}")
-
-    walk(state, "")
-    return weights_sha256(tensors) if tensors else hashlib.sha256(b"").hexdigest()
-
-
 class Session:
     """One process's part of a run. Create it with :func:`init`; end it with :meth:`close` (or let exit do it)."""
 
@@ -107,8 +85,8 @@ class Session:
         self.store = open_store(cfg.store)
         self._lease = one_trainer(self.store, self.run_id, self.dist)  # a by-hand run takes the lease itself
         self._lease.__enter__()
-        self._closed = False
-        self._crashed = False
+        self._closed, self._crashed = False, False
+        self._write_error: Exception | None = None
         self.status_path = os.environ.get(ENV_STATUS)
         limit = os.environ.get(ENV_STEP_LIMIT)
         self.step_limit = int(limit) if limit else None  # the smoke test's: more steps than this is an error
@@ -132,6 +110,7 @@ class Session:
         self._started = False
         self.stopper = EarlyStopping(es.mode, es.patience, es.min_delta, es.enabled)
         self.ckpts = CheckpointManager(self.store, self.run_id, tc.keep_last, es.mode)
+        self._shas: dict[int, str] = {}  # step -> weights hash, set by the writer thread before that step's data
         self.meter: NodeMeter | None = None
         self.metrics: MetricsWriter | None = None
         mtbp = config_mtbp(cfg)
@@ -145,6 +124,8 @@ class Session:
                 self.stop_reason = "budget"
             mtbp = node_mtbp(self.store, cfg, self.meter.price if self.meter else None)  # as the loop plans auto
         self.schedule = CheckpointSchedule(tc.checkpoint_every, mtbp.mtbp_s, 0, mtbp.source)
+        self.writer = CheckpointWriter(self.ckpts, tc.async_checkpoint,  # the metrics go up after each COMMIT
+                                       self.metrics.put if self.metrics and self.metrics.upload else None)
         self.stop = StopSignal().install()
         self._excepthook = sys.excepthook
         sys.excepthook = self._on_uncaught
@@ -184,33 +165,43 @@ class Session:
         return info.step, saved["state"]
 
     def save(self, state: Any, step: int) -> None:
-        """Checkpoint ``state`` (anything ``torch.load(weights_only=True)`` reads back: tensors, numbers, strings,
-        lists, dicts) as step ``step``, with the RNG streams and the session's own state; COMMIT written last."""
+        """Checkpoint ``state`` (what ``torch.load(weights_only=True)`` reads: tensors, numbers, strings, lists, dicts)
+        as step ``step`` with the RNG streams and the session's state. A copy is taken now and written in the
+        background (``train.async_checkpoint``), COMMIT last; a save after a stop request, and ``close``, wait."""
         step = int(step)
         self._start()
         self.step = max(self.step, step)
         if not self.is_main:
             return
-        sha = state_sha256(state)
         metric = self._metric[1] if self._metric and self._metric[0] == step else None
         meta = {"step": step, "rng": rng_state(), "early_stopping": self.stopper.state_dict(),
                 "resumes": self.resumes, "checkpoints_written": self.checkpoints_written + 1,
                 "checkpoint_time_s": self.checkpoint_time_s, "train_time_s": self._train_time_s(),
-                "total_steps": self.total_steps, "config": self.cfg.model_dump_json(), "weights_sha256": sha,
+                "total_steps": self.total_steps, "config": self.cfg.model_dump_json(), "weights_sha256": "",
                 "last_eval": self.last_eval}
-        save_s = self.ckpts.save({"state": state, "thrifty": meta}, step, metric)
+
+        def hash_weights(snap: dict[str, Any]) -> None:  # on the writer: hashing every weight is not the step's work
+            snap["thrifty"]["weights_sha256"] = self._shas[step] = state_sha256(snap["state"])
         self.checkpoints_written += 1
-        self.checkpoint_time_s += save_s
-        self.weights_sha256 = sha
-        self._emit({"event": "checkpoint", "step": step, "save_s": round(save_s, 4)})
-        plan = self.schedule.saved(step, save_s, self.step_time_s() or 0.0)
-        if plan:
-            self._emit(plan)
-            log.info("auto checkpoint interval: every %d steps", plan["steps"])
-        if self.metrics:
-            self.metrics.sync()
-        self.status = self.status.model_copy(update={"saves": self.status.saves + 1, "last_saved_step": step})
-        self._write_status()
+        self.schedule.follow(step, self.schedule.interval)  # the next one is due an interval from this snapshot
+        self._report(self.writer.save({"state": state, "thrifty": meta}, step, metric, prepare=hash_weights,
+                                      wait=self.stop_reason is not None or self.stop.signum is not None))
+
+    def _report(self, written: list[Written]) -> None:
+        """Finished writes: their checkpoint events, the auto interval, the status the wrapper reads."""
+        for w in written:
+            self.checkpoint_time_s += w.block_s
+            self.weights_sha256 = self._shas.pop(w.step, self.weights_sha256)
+            self._emit(w.event())
+            plan = self.schedule.saved(w.step, w.block_s, self.step_time_s() or 0.0, write_s=w.write_s)
+            if plan:
+                self._emit(plan)
+                log.info("auto checkpoint interval: every %d steps", plan["steps"])
+            self.status = self.status.model_copy(update={"saves": self.status.saves + 1, "last_saved_step": w.step})
+            self._write_status()
+
+    def _poll(self, step: int | None = None) -> None:
+        self._report(self.writer.poll(max(self.step, step or 0)) if self.writer.in_flight else [])
 
     def should_save(self, step: int) -> bool:
         """Whether ``step`` is due for a checkpoint: every ``train.checkpoint_every`` steps, or Young/Daly (auto)."""
@@ -220,6 +211,7 @@ class Session:
     def should_stop(self) -> bool:
         """True once the script must save and stop: a spot notice (SIGTERM), the budget cap, early stopping, or the
         step limit (``train.max_steps``, the smoke test's). Ask after every step; save before stopping."""
+        self._poll()
         if self.stop_reason is None:
             if self.stop.signum is not None:
                 self.stop_reason = "signal"
@@ -229,7 +221,8 @@ class Session:
                 self.stop_reason = "early_stop"
             elif self.meter is not None:
                 self.meter.beat()
-                if self.meter.over_cap(self.schedule.save_s or 0.0, self.step_time_s() or 0.0):
+                if self.meter.over_cap(max(self.schedule.save_s or 0.0, self.writer.stop_save_s),  # (a stop's save
+                                       self.step_time_s() or 0.0):  # waits for the write in flight, then writes)
                     self.stop_reason = "budget"
             if self.stop_reason is not None:
                 log.warning("session: stop requested (%s) at step %d", self.stop_reason, self.step)
@@ -243,6 +236,7 @@ class Session:
         step = int(step)
         fault_point("step")  # crash tests: a kill -9 after a step, before it is logged or saved
         self._start()
+        self._poll(step)
         total = metrics.pop("total_steps", None)
         if total is not None:
             self.set_total_steps(int(total))
@@ -331,6 +325,10 @@ class Session:
         self._closed = True
         atexit.unregister(self.close)
         try:
+            try:
+                self._report(self.writer.close())  # the write in flight: committed before the verdict
+            except Exception as exc:  # a failed write is a failed job (restarted), never a quiet exit 0
+                self._write_error = exc
             ended, code, message = self._verdict()
             if self.is_main:
                 if ended in ("completed", "stopped_early"):
@@ -344,7 +342,7 @@ class Session:
                 if self.metrics:
                     self.metrics.close()
             if message:
-                (log.error if code == EXIT_BAD_INPUT else log.warning)("session: %s", message)
+                (log.error if code in (EXIT_BAD_INPUT, EXIT_FAILED) else log.warning)("session: %s", message)
             self.status = self.status.model_copy(update={"closed": True, "ended": ended, "exit_code": code,
                                                          "message": message, "step": self.step})
             self._write_status()
@@ -354,6 +352,9 @@ class Session:
     def _verdict(self) -> tuple[str, int | None, str]:
         if self.status.exit_code == EXIT_BAD_INPUT:
             return self.status.ended, EXIT_BAD_INPUT, self.status.message
+        if self._write_error is not None:
+            return "crashed", EXIT_FAILED, (f"a checkpoint write failed ({type(self._write_error).__name__}: "
+                                            f"{self._write_error}); the run resumes from its last complete checkpoint")
         if self.stop_reason is None and self.stop.signum is not None:  # a script that exited on the notice without
             self.stop_reason = "signal"  # asking should_stop(): interrupted, never "completed"
         if self._crashed:

@@ -22,14 +22,16 @@ def optimizer_step(model: torch.nn.Module, recipe: Recipe, fetch: Callable[[int]
     one batch ``accum`` times larger. Under DDP, gradients are all-reduced only on the last micro-batch.
     """
     optimizer.zero_grad(set_to_none=True)
-    loss_sum = torch.zeros((), device=device)
+    loss_sum: torch.Tensor | None = None
     for micro in range(accum):
         batch = fetch(micro)
         with (model.no_sync() if ddp and micro < accum - 1 else contextlib.nullcontext()):
             with autocast(device, amp):
                 out = recipe.run_step(model, batch, "train")
-            scaler.scale(out.loss / accum).backward()
-        loss_sum += out.loss.detach().float()
+            # (x / 1 is x, bit for bit: one tensor op less per step when there is no accumulation)
+            scaler.scale(out.loss / accum if accum > 1 else out.loss).backward()
+        loss = out.loss.detach().float()
+        loss_sum = loss if loss_sum is None else loss_sum + loss
     if grad_clip is not None:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

@@ -83,8 +83,10 @@ class RunConfig(_Frozen):
         return self
 
     def train_settings(self) -> dict[str, Any]:
-        """The train section as JSON without ``stop_at_epoch``: what a resume compares and the fingerprint hashes."""
-        return {k: v for k, v in self.train.model_dump(mode="json").items() if k != "stop_at_epoch"}
+        """The train section as JSON without what cannot change the weights the run ends with: where a job pauses
+        (``stop_at_epoch``: resume is exact) and where the checkpoint write runs (``async_checkpoint``). What a
+        resume compares and the fingerprint hashes (so fingerprints of older runs still match)."""
+        return self.train.model_dump(mode="json", exclude={"stop_at_epoch", "async_checkpoint"})
 
     def to_env_json(self) -> str:
         """The config as compact JSON, for the environment of a training node."""
@@ -92,8 +94,7 @@ class RunConfig(_Frozen):
 
     def training_fingerprint(self) -> str:
         """A hash of what decides the trained weights (recipe, its params, the train section): a finished run
-        with the same fingerprint has nothing left to train, whatever its budget or compute settings. ``stop_at_epoch``
-        is left out: where a job pauses does not change the weights the run ends with (resume is exact)."""
+        with the same fingerprint has nothing left to train, whatever its budget or compute settings."""
         what = {"recipe": self.recipe, "recipe_params": self.recipe_params, "train": self.train_settings()}
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 

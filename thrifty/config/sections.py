@@ -66,6 +66,11 @@ class TrainConfig(_Frozen):
         7200.0, gt=0.0, description="Expected seconds between spot preemptions, for the auto checkpoint interval (s)."
     )
     keep_last: int = Field(3, ge=1, description="Complete checkpoints kept besides the best one (count).")
+    async_checkpoint: bool = Field(
+        True, description="Write checkpoints in the background: the step path only copies the state (to pinned CPU "
+        "memory on a GPU), one write at a time, COMMIT after the data; the final save and a stop's save wait for "
+        "it. false = write on the training thread. A kill during a background write redoes the steps since the "
+        "checkpoint before it.")
     eval_every: int | None = Field(
         None, ge=1, description="Optimizer steps between validations; null = once per epoch."
     )
