@@ -120,8 +120,9 @@ class Search:
             self.decide(f"{t.run_name}: the search's max_wall_h is up; its job is told to checkpoint and stop",
                         warn=True)
 
-    def wait_for_orphan(self, t: TrialState) -> None:
-        """A job a killed search left running trains on its own until its milestone or cap; let it end first."""
+    def wait_for_orphan(self, t: TrialState) -> bool:
+        """A job a killed search left running trains on its own until its milestone or cap; let it end first.
+        True once no job of the trial is alive."""
         give_up = time.time() + ORPHAN_WAIT_S
         said = False
         while time.time() < give_up and any(not m.gone(time.time()) for m in read_meters(self.store, t.run_name)):
@@ -130,6 +131,7 @@ class Search:
                                  "(at its milestone or cap, up to %.0f s)", t.run_name, ORPHAN_WAIT_S)
                 said = True
             time.sleep(1.0)
+        return not any(not m.gone(time.time()) for m in read_meters(self.store, t.run_name))
 
 
 def check_sweep(config: SweepConfig) -> None:
@@ -156,8 +158,11 @@ def search(config: SweepConfig, poll_s: float) -> SweepResult:
         s = Search(config, poll_s, store, state, logger)
         resumed = [t for t in state.trials if t.cap_usd is not None]
         for t in resumed:  # it was running when the search stopped
-            s.wait_for_orphan(t)
-            t.cap_usd = t.cap_gpu_hours = None
+            if s.wait_for_orphan(t):
+                t.cap_usd = t.cap_gpu_hours = None  # its job is over: all it spent is in its ledger
+            else:  # a job elsewhere trains on under the cap it was given: that cap stays committed (caps.py)
+                s.decide(f"{t.run_name}: its job from the stopped search is still training; its cap "
+                         f"${t.cap_usd:.5f} stays reserved until the trial's relaunch re-attaches to it", warn=True)
         for t in state.trials:
             observe(store, config, t)
         logger.info("sweep %s: %d trial(s), rungs %s epochs, eta %d, up to %d at once; caps $%g%s%s%s", config.name,

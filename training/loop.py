@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import torch
 
 from thrifty.config import ConfigError, RunConfig
+from thrifty.config.run import PAUSE_AND_IO_FIELDS
 from thrifty import lease
 from thrifty.faults import fault_point
 from thrifty.meter import NodeMeter, node_job_id
@@ -94,7 +95,7 @@ def check_compatible(cfg: RunConfig, saved_cfg: dict[str, Any], run_id: str) -> 
             f"run {run_id!r} has checkpoints from recipe {saved_cfg.get('recipe')!r}, but this config uses "
             f"recipe {cfg.recipe!r}. Use a new run_name for a new experiment, or set recipe back."
         )
-    saved_train = {k: v for k, v in (saved_cfg.get("train") or {}).items() if k != "stop_at_epoch"}  # a rung's end
+    saved_train = {k: v for k, v in (saved_cfg.get("train") or {}).items() if k not in PAUSE_AND_IO_FIELDS}
     changed = sorted(k for k, now, then in (("recipe_params", cfg.recipe_params, saved_cfg.get("recipe_params")),
                                             ("train", cfg.train_settings(), saved_train)) if now != then)
     if changed:

@@ -26,6 +26,9 @@ PATTERN_HELP = {
 }
 
 
+PAUSE_AND_IO_FIELDS = ("stop_at_epoch", "async_checkpoint")  # train fields that cannot change the final weights
+
+
 class RunConfig(_Frozen):
     """One training run: what to train, where to keep it, what to rent, and what it may cost."""
 
@@ -86,7 +89,7 @@ class RunConfig(_Frozen):
         """The train section as JSON without what cannot change the weights the run ends with: where a job pauses
         (``stop_at_epoch``: resume is exact) and where the checkpoint write runs (``async_checkpoint``). What a
         resume compares and the fingerprint hashes (so fingerprints of older runs still match)."""
-        return self.train.model_dump(mode="json", exclude={"stop_at_epoch", "async_checkpoint"})
+        return self.train.model_dump(mode="json", exclude=set(PAUSE_AND_IO_FIELDS))
 
     def to_env_json(self) -> str:
         """The config as compact JSON, for the environment of a training node."""

@@ -29,12 +29,13 @@ class Need:
 
 
 def committed_usd(trials: list[TrialState]) -> float:
-    """Dollars the search may end up having spent on trials as they stand: caps of those in flight, spend of the rest."""
-    return sum(max(t.cap_usd or 0.0, t.spent_usd) if t.status == "running" else t.spent_usd for t in trials)
+    """Dollars the search may end up having spent on trials as they stand: the cap of each job that may still be
+    training (in flight, or left running by a killed search), the spend of the rest."""
+    return sum(t.spent_usd if t.cap_usd is None else max(t.cap_usd, t.spent_usd) for t in trials)
 
 
 def committed_gpu_hours(trials: list[TrialState]) -> float:
-    return sum(max(t.cap_gpu_hours or 0.0, t.gpu_hours) if t.status == "running" else t.gpu_hours for t in trials)
+    return sum(t.gpu_hours if t.cap_gpu_hours is None else max(t.cap_gpu_hours, t.gpu_hours) for t in trials)
 
 
 def need_for(estimate_usd: float, estimate_hours: float, reserve_usd: float, gpus: int, factor: float,
