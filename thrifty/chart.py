@@ -57,12 +57,27 @@ def series(metrics: Iterable[dict[str, Any]], attempts: list[Attempt]) -> list[P
             for r in training_curve(metrics)]
 
 
-def _scale(lo: float, hi: float, a: float, b: float):
+def scale(lo: float, hi: float, a: float, b: float):
     span = hi - lo or 1.0
     return lambda v: a + (v - lo) / span * (b - a)
 
 
-def _fmt_usd(v: float) -> str:
+TEXT = 'font-family="sans-serif" font-size="12"'  # the attributes of every label
+
+
+def frame(left_axis_colour: str) -> list[str]:
+    """The opening of a chart: the SVG element, a white ground, the x axis and the left axis in its series'
+    colour (close it with ``</svg>``)."""
+    bottom, right = HEIGHT - PAD_B, WIDTH - PAD_R
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}">',
+        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
+        f'<line x1="{PAD_L}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#9ca3af"/>',
+        f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{bottom}" stroke="{left_axis_colour}"/>',
+    ]
+
+
+def fmt_usd(v: float) -> str:
     return f"${v:.2f}" if v >= 1 else f"${v:.4f}" if v >= 0.0001 else f"${v:.6f}"
 
 
@@ -78,29 +93,25 @@ def svg(points: list[Point], max_usd: float | None = None, resumed_at_steps: Ite
     t0 = points[0].time_unix
     t1 = max(p.time_unix for p in points)
     first, last = points[0].step, points[-1].step
-    x = _scale(first, last, PAD_L, WIDTH - PAD_R)
+    x = scale(first, last, PAD_L, WIDTH - PAD_R)
     lo, hi = min(p.loss for p in points), max(p.loss for p in points)
-    y_loss = _scale(lo, hi, HEIGHT - PAD_B, PAD_T)
+    y_loss = scale(lo, hi, HEIGHT - PAD_B, PAD_T)
     top_usd = max(max(p.spend_usd for p in points), 1e-12)
-    y_usd = _scale(0.0, top_usd, HEIGHT - PAD_B, PAD_T)
+    y_usd = scale(0.0, top_usd, HEIGHT - PAD_B, PAD_T)
     loss_line = " ".join(f"{x(p.step):.1f},{y_loss(p.loss):.1f}" for p in points)
     spend_line = " ".join(f"{x(p.step):.1f},{y_usd(p.spend_usd):.1f}" for p in points)
     bottom, right = HEIGHT - PAD_B, WIDTH - PAD_R
-    text = 'font-family="sans-serif" font-size="12"'
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}">',
-        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
-        f'<line x1="{PAD_L}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#9ca3af"/>',
-        f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{bottom}" stroke="{LOSS_COLOUR}"/>',
+    text = TEXT
+    parts = frame(LOSS_COLOUR) + [
         f'<line x1="{right}" y1="{PAD_T}" x2="{right}" y2="{bottom}" stroke="{SPEND_COLOUR}"/>',
         f'<text x="{PAD_L}" y="18" {text} fill="{LOSS_COLOUR}">loss {points[0].loss:.3f} → {points[-1].loss:.3f}'
         f' (step {points[-1].step})</text>',
         f'<text x="{right}" y="18" {text} fill="{SPEND_COLOUR}" text-anchor="end">spend '
-        f'{escape(_fmt_usd(points[-1].spend_usd))}' + (f' of {escape(_fmt_usd(max_usd))} budget' if max_usd else "")
+        f'{escape(fmt_usd(points[-1].spend_usd))}' + (f' of {escape(fmt_usd(max_usd))} budget' if max_usd else "")
         + '</text>',
         f'<text x="{PAD_L - 6}" y="{PAD_T + 4}" {text} fill="{LOSS_COLOUR}" text-anchor="end">{hi:.2f}</text>',
         f'<text x="{PAD_L - 6}" y="{bottom}" {text} fill="{LOSS_COLOUR}" text-anchor="end">{lo:.2f}</text>',
-        f'<text x="{right + 6}" y="{PAD_T + 4}" {text} fill="{SPEND_COLOUR}">{escape(_fmt_usd(top_usd))}</text>',
+        f'<text x="{right + 6}" y="{PAD_T + 4}" {text} fill="{SPEND_COLOUR}">{escape(fmt_usd(top_usd))}</text>',
         f'<text x="{right + 6}" y="{bottom}" {text} fill="{SPEND_COLOUR}">$0</text>',
         f'<text x="{PAD_L}" y="{HEIGHT - 12}" {text} fill="#374151">step {first}</text>',
         f'<text x="{(PAD_L + right) / 2:.0f}" y="{HEIGHT - 12}" {text} fill="#374151" text-anchor="middle">'

@@ -10,7 +10,7 @@ from xml.sax.saxutils import escape
 
 from pydantic import BaseModel
 
-from thrifty.chart import HEIGHT, PAD_B, PAD_L, PAD_R, PAD_T, WIDTH, _fmt_usd, _scale
+from thrifty.chart import HEIGHT, PAD_B, PAD_L, PAD_R, PAD_T, TEXT, WIDTH, fmt_usd, frame, scale
 from thrifty.sweep.scheduler import TrialState
 
 POINT_COLOUR, BEST_COLOUR = "#2563eb", "#16a34a"
@@ -77,9 +77,9 @@ def svg(points: list[ChartPoint], mode: str, metric: str, max_usd: float | None 
         return ""
     points = sorted(points, key=lambda p: p.spend_usd)
     top_usd = max(max(p.spend_usd for p in points), max_usd or 0.0, 1e-12)
-    x = _scale(0.0, top_usd, PAD_L, WIDTH - PAD_R)
+    x = scale(0.0, top_usd, PAD_L, WIDTH - PAD_R)
     lo, hi = min(p.value for p in points), max(p.value for p in points)
-    y = _scale(lo, hi, HEIGHT - PAD_B, PAD_T)
+    y = scale(lo, hi, HEIGHT - PAD_B, PAD_T)
     better = (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
     best, line = None, []
     for p in points:
@@ -89,12 +89,8 @@ def svg(points: list[ChartPoint], mode: str, metric: str, max_usd: float | None 
             best = p.value
         line.append(f"{x(p.spend_usd):.1f},{y(best):.1f}")
     bottom, right = HEIGHT - PAD_B, WIDTH - PAD_R
-    text = 'font-family="sans-serif" font-size="12"'
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}">',
-        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
-        f'<line x1="{PAD_L}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#9ca3af"/>',
-        f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{bottom}" stroke="{POINT_COLOUR}"/>',
+    text = TEXT
+    parts = frame(POINT_COLOUR) + [
         f'<text x="{PAD_L}" y="18" {text} fill="{POINT_COLOUR}">{escape(metric)} at each milestone; best so far '
         f'{best:.4f}</text>',
         f'<text x="{PAD_L - 6}" y="{PAD_T + 4}" {text} fill="{POINT_COLOUR}" text-anchor="end">{hi:.3g}</text>',
@@ -102,7 +98,7 @@ def svg(points: list[ChartPoint], mode: str, metric: str, max_usd: float | None 
         f'<text x="{PAD_L}" y="{HEIGHT - 12}" {text} fill="#374151">$0</text>',
         f'<text x="{(PAD_L + right) / 2:.0f}" y="{HEIGHT - 12}" {text} fill="#374151" text-anchor="middle">'
         "the search's cumulative spend</text>",
-        f'<text x="{right}" y="{HEIGHT - 12}" {text} fill="#374151" text-anchor="end">{escape(_fmt_usd(top_usd))}'
+        f'<text x="{right}" y="{HEIGHT - 12}" {text} fill="#374151" text-anchor="end">{escape(fmt_usd(top_usd))}'
         + (" (cap)" if max_usd and top_usd == max_usd else "") + "</text>",
         f'<polyline points="{" ".join(line)}" fill="none" stroke="{BEST_COLOUR}" stroke-width="2"/>',
     ]
