@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -22,6 +22,13 @@ if TYPE_CHECKING:
 EXIT_CODES = {"StoppedAtCap": EXIT_BUDGET, "BadInput": EXIT_BAD_INPUT}  # by the flow's final state
 
 
+def failed(console: Console, what: str, state: Any) -> int:
+    """Say how a flow that did not complete ended, in one line; its exit code by the state's name."""
+    console.print(f"[red]{what} {ENDS.get(state.name, state.name.lower())}:[/] {state.message}", highlight=False,
+                  soft_wrap=True)
+    return EXIT_CODES.get(state.name, EXIT_FAILED)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """The main job: the Prefect flow preprocess -> smoke -> launch and watch -> report."""
     console = Console(stderr=True)
@@ -34,9 +41,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     state = train_pipeline(config=cfg, return_state=True)
     if not state.is_completed():
-        console.print(f"[red]run {cfg.run_name} {ENDS.get(state.name, state.name.lower())}:[/] {state.message}",
-                      highlight=False, soft_wrap=True)
-        return EXIT_CODES.get(state.name, EXIT_FAILED)
+        return failed(console, f"run {cfg.run_name}", state)
     out = state.result()
     summary = out.summary
     table = Table(title=f"run {out.run_name}", show_header=False)
@@ -84,9 +89,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     state = sweep(config=cfg, return_state=True)
     if not state.is_completed():
-        console.print(f"[red]sweep {cfg.name} {ENDS.get(state.name, state.name.lower())}:[/] {state.message}",
-                      highlight=False, soft_wrap=True)
-        return EXIT_CODES.get(state.name, EXIT_FAILED)
+        return failed(console, f"sweep {cfg.name}", state)
     out = state.result()
     table = Table(title=f"sweep {out.name}: by rung reached, then {out.metric} ({out.mode})")
     for col in ("trial", *cfg.space, "epochs", out.metric, "cost $", "state"):
