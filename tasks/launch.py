@@ -234,6 +234,7 @@ def launch_and_watch(config: RunConfig, estimate: Estimate | None = None, poll_s
         guard = BudgetGuard(config, store, run_id, logger, estimate, poll_s)
         return watch(config, store, launcher, job_id, guard, earlier, since, poll_s, reattached, logger)
     finally:
+        _stop_requested(run_id)  # one that came as the job ended is spent: it must not stop the run's next job
         beat.stop()
         held.release()
 
