@@ -46,9 +46,9 @@ def config(store: Path, run: str, max_usd: float, margin_s: float):
 
 def measure(store: Path, run: str, max_usd: float, margin_s: float, poll_s: float) -> dict:
     from flows.train_pipeline import train_pipeline
-    from thrifty import checkpoints
-    from thrifty.budget import spend_usd
-    from thrifty.ledger import read_attempts
+    from thrifty.runs import checkpoints
+    from thrifty.money.budget import spend_usd
+    from thrifty.money.ledger import read_attempts
     from thrifty.runs import latest_progress, read_metrics
     from thrifty.storage import open_store
 

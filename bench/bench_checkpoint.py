@@ -43,7 +43,7 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from thrifty.checkpoints import committed  # noqa: E402
+from thrifty.runs.checkpoints import committed  # noqa: E402
 from thrifty.config import RunConfig  # noqa: E402
 from thrifty.storage import open_store  # noqa: E402
 from training.data import epoch_permutation, open_cache  # noqa: E402

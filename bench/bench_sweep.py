@@ -47,7 +47,7 @@ def sweep_config(store: Path, name: str, args: argparse.Namespace, full: bool):
 
 def arm(store: Path, name: str, args: argparse.Namespace, full: bool) -> dict:
     from flows.sweep import sweep
-    from thrifty.ledger import read_attempts
+    from thrifty.money.ledger import read_attempts
     from thrifty.runs import latest_progress, read_metrics
     from thrifty.storage import open_store
 

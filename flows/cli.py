@@ -12,7 +12,7 @@ from rich.table import Table
 from flows.hooks import ENDS
 from thrifty.cli import config_for_today
 from thrifty.config import ConfigError
-from thrifty.preflight import check_before_spending
+from thrifty.launchers.preflight import check_before_spending
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED, EXIT_OK
 from training.validate import check_config
 

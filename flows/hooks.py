@@ -15,11 +15,11 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from tasks.alerts import notify
-from thrifty import savings
-from thrifty.budget import spend_usd
+from thrifty.money import savings
+from thrifty.money.budget import spend_usd
 from thrifty.config import ConfigError, RunConfig
-from thrifty.ledger import read_attempts
-from thrifty.pricing import quote_emulated
+from thrifty.money.ledger import read_attempts
+from thrifty.money.pricing import quote_emulated
 from thrifty.storage import open_store
 
 log = logging.getLogger("thrifty.hooks")

@@ -25,11 +25,11 @@ from tasks.errors import BAD_INPUT, USER_ERRORS, bad_input
 from tasks.preprocess import preprocess
 from tasks.smoke import smoke
 from tasks.sweep_report import mark_gold, sweep_report
-from thrifty import lease
-from thrifty.budget import gpus_per_node, stop_reserve_s
+from thrifty.runs import lease
+from thrifty.money.budget import gpus_per_node, stop_reserve_s
 from thrifty.config import ConfigError, RunConfig
-from thrifty.ledger import read_meters
-from thrifty.preflight import check_before_spending
+from thrifty.money.ledger import read_meters
+from thrifty.launchers.preflight import check_before_spending
 from thrifty.results import PrepResult, SmokeResult
 from thrifty.storage import Store, open_store
 from thrifty.sweep import (Need, SweepConfig, SweepState, TrialState, best_trial, load_state, measured_per_epoch,

@@ -24,14 +24,14 @@ from tasks.launch import launch_and_watch
 from tasks.preprocess import preprocess
 from tasks.report import report
 from tasks.smoke import smoke
-from thrifty import checkpoints, lease
-from thrifty.budget import spend_usd
+from thrifty.runs import checkpoints, lease
+from thrifty.money.budget import spend_usd
 from thrifty.config import RunConfig
-from thrifty.ledger import read_attempts
-from thrifty.preflight import check_before_spending
+from thrifty.money.ledger import read_attempts
+from thrifty.launchers.preflight import check_before_spending
 from thrifty.results import PipelineResult, PrepResult, SmokeResult
 from thrifty.runs import finished_summary
-from thrifty.script import is_script
+from thrifty.usercode.script import is_script
 from thrifty.storage import open_store
 from training.validate import check_config
 

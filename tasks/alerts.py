@@ -11,10 +11,10 @@ from typing import Any
 
 from prefect.events import emit_event
 
-from thrifty.budget import AlertState, Snapshot, due_alerts, gpus_per_node, snapshot, stop_margin_s
+from thrifty.money.budget import AlertState, Snapshot, due_alerts, gpus_per_node, snapshot, stop_margin_s
 from thrifty.config import RunConfig
-from thrifty.estimate import Estimate
-from thrifty.ledger import Attempt
+from thrifty.money.estimate import Estimate
+from thrifty.money.ledger import Attempt
 from thrifty.runs import run_key
 from thrifty.storage import NotFound, Store
 

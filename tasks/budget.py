@@ -5,16 +5,16 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 
 from tasks.errors import fails_quietly
-from thrifty import checkpoints
-from thrifty.budget import spend_usd, stop_reserve_s, world_size
+from thrifty.runs import checkpoints
+from thrifty.money.budget import spend_usd, stop_reserve_s, world_size
 from thrifty.config import ConfigError, RunConfig
-from thrifty.estimate import Estimate, estimate_run, gate
-from thrifty.ledger import read_attempts
-from thrifty.pricing import quote_emulated
+from thrifty.money.estimate import Estimate, estimate_run, gate
+from thrifty.money.ledger import read_attempts
+from thrifty.money.pricing import quote_emulated
 from thrifty.results import PrepResult, SmokeResult
-from thrifty.script import is_script, script_total_steps
+from thrifty.usercode.script import is_script, script_total_steps
 from thrifty.storage import open_store
-from thrifty.throughput import measured_speeds, speed_key, speeds_for
+from thrifty.money.throughput import measured_speeds, speed_key, speeds_for
 
 
 def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Estimate:

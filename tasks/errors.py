@@ -14,9 +14,9 @@ from typing import Any, Callable, TypeVar
 from prefect.states import Failed, State
 
 from thrifty.config import ConfigError
-from thrifty.estimate import OverBudgetPlan
+from thrifty.money.estimate import OverBudgetPlan
 from thrifty.storage import StoreError
-from training.smoke import SmokeTestFailed
+from training.validate import SmokeTestFailed
 
 BAD_INPUT = "BadInput"  # the name of a Failed state a user error ends in
 USER_ERRORS = (ConfigError, StoreError, OverBudgetPlan, SmokeTestFailed)

@@ -1,7 +1,7 @@
 """Launch the training job and watch it to the end: ledger, budget, one job per run, a stop at the cap.
 
 Never retried by Prefect: a retry rents another machine. Recovery after preemption is the launcher's job.
-The run's lease (``thrifty.lease``) makes this the only watcher of the run: a second trigger while
+The run's lease (``thrifty.runs.lease``) makes this the only watcher of the run: a second trigger while
 this one lives fails saying who holds it; one that finds the holder gone but its job still running
 re-attaches to that job instead of renting another.
 """
@@ -20,12 +20,12 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from tasks.alerts import BudgetGuard
 from tasks.errors import fails_quietly
-from thrifty import checkpoints, lease
-from thrifty.budget import spend_usd, stop_margin_s
+from thrifty.runs import checkpoints, lease
+from thrifty.money.budget import spend_usd, stop_margin_s
 from thrifty.config import ConfigError, RunConfig
-from thrifty.estimate import Estimate
+from thrifty.money.estimate import Estimate
 from thrifty.launchers import JobState, JobStatus, LaunchError, Launcher, make_launcher
-from thrifty.ledger import Attempt, job_ended_at_cap, read_attempts, read_meters, write_job_attempts
+from thrifty.money.ledger import Attempt, job_ended_at_cap, read_attempts, read_meters, write_job_attempts
 from thrifty.protocol import ENV_LEASE_TOKEN
 from thrifty.results import JobOutcome
 from thrifty.runs import finished_since, latest_progress, read_metrics, read_summary

@@ -10,11 +10,11 @@ from prefect.cache_policies import TASK_SOURCE, CachePolicy
 from prefect.utilities.hashing import hash_objects
 
 from tasks.errors import BAD_INPUT, fails_quietly
-from thrifty.budget import world_size
+from thrifty.money.budget import world_size
 from thrifty.config import ConfigError, RunConfig
 from thrifty.results import PrepResult
 from thrifty.storage import StoreError, open_store
-from thrifty.shards import read_manifest
+from thrifty.runs.shards import read_manifest
 from training.data import cache_key, ensure_shards
 from training.recipes.base import resolve_recipe
 from training.validate import check_config, check_data

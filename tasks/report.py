@@ -8,12 +8,13 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from thrifty import chart, savings
-from thrifty.estimate import Estimate
+from thrifty.report import chart
+from thrifty.money import savings
+from thrifty.money.estimate import Estimate
 from thrifty.config import RunConfig
 from thrifty.results import JobOutcome, PrepResult, SmokeResult
-from thrifty.savings import SavingsReport
-from thrifty.ledger import Attempt, read_attempts
+from thrifty.money.savings import SavingsReport
+from thrifty.money.ledger import Attempt, read_attempts
 from thrifty.runs import read_metrics
 from thrifty.storage import open_store
 

@@ -6,9 +6,10 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from tasks.report import artifact_key, usd
-from thrifty import archive, checkpoints
-from thrifty.chart import markdown_image, spend_at
-from thrifty.ledger import read_attempts
+from thrifty import archive
+from thrifty.runs import checkpoints
+from thrifty.report.chart import markdown_image, spend_at
+from thrifty.money.ledger import read_attempts
 from thrifty.runs import read_metrics, read_summary
 from thrifty.storage import Store, open_store
 from thrifty.sweep import SweepConfig, SweepState, TrialState

@@ -21,7 +21,7 @@ from stores import REPO, child_env
 from thrifty import archive
 from thrifty.archive import ArchiveSettings, Item, Policy, RunFacts
 from thrifty.config import ConfigError
-from thrifty.ledger import Attempt, write_job_attempts
+from thrifty.money.ledger import Attempt, write_job_attempts
 from thrifty.runs import run_key
 from thrifty.storage import ObjectInfo, is_cold, open_store
 from training.checkpoint import CheckpointArchived, CheckpointManager

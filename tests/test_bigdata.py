@@ -19,7 +19,7 @@ import training.shard_write as shard_write
 from conftest import PYTHON, python_env
 from stores import apply_env
 from thrifty.config import ConfigError, build_config
-from thrifty.shards import read_manifest
+from thrifty.runs.shards import read_manifest
 from thrifty.storage import open_store
 from training.data import FileRows, ShardedArray, cache_key, ensure_shards, load_split, open_cache
 from training.loop import train

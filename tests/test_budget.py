@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from thrifty.budget import AlertState, Snapshot, due_alerts, snapshot, stop_margin_s, stop_reserve_s
-from thrifty.estimate import OverBudgetPlan, estimate_run, gate, smallest_budget_usd
+from thrifty.money.budget import AlertState, Snapshot, due_alerts, snapshot, stop_margin_s, stop_reserve_s
+from thrifty.money.estimate import OverBudgetPlan, estimate_run, gate, smallest_budget_usd
 from thrifty.config import BudgetConfig, build_config
 
 
@@ -74,7 +74,7 @@ def test_gpu_hour_cap():
 
 
 def test_projection_uses_the_estimate_until_throughput_is_measured():
-    from thrifty.ledger import Attempt
+    from thrifty.money.ledger import Attempt
 
     running = [Attempt("j", 1, "aws", "local", "g5.xlarge", True, 3.6, 1, started_unix=0.0)]
     budget = BudgetConfig(max_usd=1.0)
@@ -116,7 +116,7 @@ def test_gate_refuses_a_budget_that_cannot_buy_one_checkpoint_even_when_allowed_
 
 
 def test_ledger_closes_an_attempt_its_watcher_left_open_at_the_nodes_last_sign_of_life():
-    from thrifty.ledger import METER_BEAT_S, Attempt, MeterRecord, reconcile
+    from thrifty.money.ledger import METER_BEAT_S, Attempt, MeterRecord, reconcile
 
     def meter(started, last, ended=None, end=None, job="j"):
         return MeterRecord(job_id=job, started_unix=started, last_unix=last, ended_unix=ended, end=end,
@@ -142,7 +142,7 @@ def test_a_node_process_killed_on_this_machine_is_gone_at_once_not_after_the_sil
     import subprocess
     import sys
 
-    from thrifty.ledger import MeterRecord
+    from thrifty.money.ledger import MeterRecord
     from thrifty.procs import process_started
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -162,7 +162,7 @@ def test_a_node_process_killed_on_this_machine_is_gone_at_once_not_after_the_sil
 
 
 def test_the_node_matches_its_price_or_charges_the_dearest_it_may_be():
-    from thrifty.meter import NodeIdentity, Price, match_price
+    from thrifty.money.meter import NodeIdentity, Price, match_price
 
     prices = [Price("aws", "g5.xlarge", True, 0.302), Price("aws", "g5.xlarge", False, 1.006),
               Price("gcp", "n1-standard-4+T4", True, 0.18), Price("gcp", "g2-standard-4", True, 0.283)]
@@ -286,9 +286,9 @@ def test_one_alert_per_threshold_crossed(webhook, tmp_path):
 
 def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook, tmp_path, capsys):
     from flows.train_pipeline import train_pipeline
-    from thrifty import savings
-    from thrifty.budget import spend_usd
-    from thrifty.ledger import read_attempts
+    from thrifty.money import savings
+    from thrifty.money.budget import spend_usd
+    from thrifty.money.ledger import read_attempts
     from thrifty.storage import open_store
 
     store = tmp_path / "store"
@@ -351,7 +351,7 @@ def test_a_job_that_finished_is_never_called_over_budget(prefect_harness, tmp_pa
     from tasks.alerts import BudgetGuard
     from tasks.launch import watch
     from thrifty.launchers import JobState, JobStatus
-    from thrifty.ledger import Attempt
+    from thrifty.money.ledger import Attempt
     from thrifty.runs import BestMetric, RunSummary, write_summary
     from thrifty.storage import open_store
 

@@ -21,7 +21,7 @@ from conftest import REPO, python_env
 from prefect_server import BIN, Server, tail
 from thrifty.archive import build_settings
 from thrifty.config import build_config
-from thrifty.ledger import read_attempts
+from thrifty.money.ledger import read_attempts
 from thrifty.storage import open_store
 
 SPEC = yaml.safe_load((REPO / "prefect.yaml").read_text())
@@ -213,8 +213,8 @@ def test_train_deployment_runs_on_a_worker_and_survives_a_preemption(deployed, w
 def test_a_deployed_run_stopped_at_its_cap_ends_failed_with_its_report(deployed, worker, tmp_path):
     """Issue 9.2/9.3: deployed (poll_s 5, automations installed), a capped run is stopped by its own watch loop,
     reported, and ends Failed ('StoppedAtCap') under its cap; the backstop automation never cancels it."""
-    from thrifty import savings
-    from thrifty.budget import spend_usd
+    from thrifty.money import savings
+    from thrifty.money.budget import spend_usd
 
     # ~18 s of spend: the first checkpoint (step 25) comes within a few seconds of billing even on a loaded machine
     run_name, store, cap = f"capped-{uuid.uuid4().hex[:8]}", tmp_path / "store", 0.2

@@ -15,11 +15,11 @@ import yaml
 
 from thrifty.config import ConfigError, build_config
 from thrifty.launchers.skypilot import candidates, plan_text, rank, task_config
-from thrifty.ledger import Attempt, write_job_attempts
+from thrifty.money.ledger import Attempt, write_job_attempts
 from thrifty.results import PrepResult, SmokeResult
 from thrifty.runs import run_key
 from thrifty.storage import open_store
-from thrifty.throughput import RELATIVE_SPEED, Measured, measured_speeds, speed_key, speeds_for
+from thrifty.money.throughput import RELATIVE_SPEED, Measured, measured_speeds, speed_key, speeds_for
 
 A10G_SPOT, H100_SPOT = 0.302, 2.790  # aws g5.xlarge and azure Standard_NC40ads_H100_v5 spot in the offline table
 

@@ -15,7 +15,8 @@ from thrifty.config import ConfigError, build_config
 from thrifty.launchers import skypilot as sp
 from thrifty.launchers.skypilot.candidates import candidates
 from thrifty.launchers.skypilot.plan import plan_ranking, plan_text
-from thrifty.meter import NodeMeter, Price, prices_env
+from thrifty.launchers.identity import identify
+from thrifty.money.meter import NodeMeter, Price, prices_env
 from thrifty.protocol import ENV_PRICES
 from thrifty.storage import open_store
 
@@ -81,18 +82,19 @@ def test_the_node_on_a_pod_meters_at_the_cluster_price_not_the_dearest_cloud(tmp
     assert {p["cloud"] for p in prices} == {"kubernetes", "aws"}
     env = {ENV_PRICES: config["envs"][ENV_PRICES], "SKYPILOT_MANAGED_JOB_ID": "7", "SKYPILOT_NUM_NODES": "1",
            "SKYPILOT_CLUSTER_INFO": json.dumps({"cluster_name": "c", "cloud": "Kubernetes", "region": None})}
-    meter = NodeMeter.from_env(open_store(cfg.store), cfg, env)
+    meter = NodeMeter.from_env(open_store(cfg.store), cfg, env, identify=identify)
     assert (meter.price.cloud, meter.price.spot, meter.price.usd_per_hour) == ("kubernetes", False, pytest.approx(0.4))
     assert meter.rate == pytest.approx(0.4)
     # the same prices on an aws node that cannot tell its instance: the dearest aws candidate, never the pod's
     aws_env = {**env, "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "AWS"})}
     free = prices_env([Price("kubernetes", "pod-A10G-1", False, 0.0, "A10G:1"),
                        Price("aws", "g5.xlarge", True, 0.302, "A10G:1")])
-    assert NodeMeter.from_env(open_store(cfg.store), cfg, {**env, ENV_PRICES: free}).rate == 0.0
+    assert NodeMeter.from_env(open_store(cfg.store), cfg, {**env, ENV_PRICES: free}, identify=identify).rate == 0.0
     import thrifty.launchers.identity as identity
 
     monkeypatch.setitem(identity._PROBES, "aws", lambda base: identity.NodeIdentity("aws"))  # no metadata server here
-    assert NodeMeter.from_env(open_store(cfg.store), cfg, {**aws_env, ENV_PRICES: free}).price.cloud == "aws"
+    assert NodeMeter.from_env(open_store(cfg.store), cfg, {**aws_env, ENV_PRICES: free},
+                              identify=identity.identify).price.cloud == "aws"
 
 
 def test_the_watcher_prices_a_kubernetes_attempt_at_the_users_rate():

@@ -1,4 +1,4 @@
-"""One run, one job: the run lease (thrifty.lease) on file://, s3:// (moto), gs:// (gcp-storage-emulator) and
+"""One run, one job: the run lease (thrifty.runs.lease) on file://, s3:// (moto), gs:// (gcp-storage-emulator) and
 az:// (Azurite). Time is an injected clock: a lease expires without a minute of sleeping."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from stores import REPO, child_env
 from thrifty.config import ConfigError
-from thrifty.lease import (ENV_LEASE_TOKEN, Heartbeat, Lease, LeaseHeld, LeaseLost, acquire, acquire_or_adopt, adopt,
+from thrifty.runs.lease import (ENV_LEASE_TOKEN, Heartbeat, Lease, LeaseHeld, LeaseLost, acquire, acquire_or_adopt, adopt,
                            lease_key, read)
 from thrifty.storage import open_store
 
@@ -216,7 +216,7 @@ def test_an_unreadable_lease_is_taken_over(tmp_path):
 
 def test_lease_module_imports_neither_torch_nor_prefect():
     heavy = ("torch", "prefect", "boto3", "google.cloud.storage", "azure.storage.blob")
-    code = f"import sys, thrifty.lease; print([m for m in {heavy!r} if m in sys.modules])"
+    code = f"import sys, thrifty.runs.lease; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
                          env=child_env(os.environ, {"PYTHONPATH": str(REPO)}))
     assert out.returncode == 0, out.stderr
@@ -230,7 +230,7 @@ def test_a_holder_killed_on_this_machine_frees_the_lease_at_once(tmp_path):
 
 
     store_dir = tmp_path / "store"
-    code = ("import time\nfrom thrifty import lease\nfrom thrifty.storage import open_store\n"
+    code = ("import time\nfrom thrifty.runs import lease\nfrom thrifty.storage import open_store\n"
             f"lease.acquire(open_store({str(store_dir)!r}), 'r', 'a doomed holder')\nprint('held', flush=True)\n"
             "time.sleep(120)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},

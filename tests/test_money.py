@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from conftest import REPO, python_env
-from thrifty.budget import spend_usd
-from thrifty.ledger import read_attempts, read_meters
+from thrifty.money.budget import spend_usd
+from thrifty.money.ledger import read_attempts, read_meters
 from thrifty.storage import open_store
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 from thrifty.config import build_config
 from thrifty.launchers.base import JobState, skypilot_node_vars, torchrun_command
 from thrifty.launchers.local import LocalLauncher
-from thrifty.ledger import read_attempts
+from thrifty.money.ledger import read_attempts
 from thrifty.storage import open_store
 
 pytestmark = pytest.mark.slow

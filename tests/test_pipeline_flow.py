@@ -24,7 +24,7 @@ def config(store: Path, run_name: str, **compute):
 
 
 def ledger(store: Path, run_name: str) -> list[dict]:
-    from thrifty.ledger import read_attempts
+    from thrifty.money.ledger import read_attempts
     from thrifty.storage import open_store
 
     return [a.row() for a in read_attempts(open_store(str(store)), run_name)]

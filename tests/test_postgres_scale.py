@@ -20,8 +20,8 @@ import pytest
 
 from deployments.deploy import WORK_POOL
 from prefect_server import Server, deployed_server, descendants, postgres_cluster, stop, tail
-from thrifty.checkpoints import committed
-from thrifty.ledger import read_attempts
+from thrifty.runs.checkpoints import committed
+from thrifty.money.ledger import read_attempts
 from thrifty.protocol import TRAINING_JOBS_LIMIT
 from thrifty.runs import read_metrics
 from thrifty.storage import open_store

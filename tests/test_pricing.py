@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from thrifty import pricing
+from thrifty.money import pricing
 from thrifty.cli import main as thrifty_main
-from thrifty.pricing import PricingError
+from thrifty.money.pricing import PricingError
 
 COMMON_GPUS = ("T4", "L4", "A10G", "V100", "A100", "H100")
 

@@ -20,7 +20,8 @@ from training.loop import train
 from training.steps import batch_positions
 from training.recipes import RecipeError, lr_factor, resolve_recipe
 from training.runtime import weights_sha256
-from training.smoke import SmokeTestFailed, smoke_test
+from training.smoke import smoke_test
+from training.validate import SmokeTestFailed
 from training.validate import check_config
 
 SMALL = {"hidden": 32, "limit": 600}
@@ -149,7 +150,7 @@ def test_drop_last_pads_like_distributed_sampler() -> None:
 def test_the_ui_form_lists_every_built_in_recipe_option() -> None:
     """The form's recipe_params text names the built-ins' options (the config cannot import them without torch)."""
     from thrifty.config import RunConfig
-    from thrifty.script import ScriptParams
+    from thrifty.usercode.script import ScriptParams
 
     text = RunConfig.model_fields["recipe_params"].description
     for model in (resolve_recipe("digits").params_model, resolve_recipe("codelm").params_model, ScriptParams):

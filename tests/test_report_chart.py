@@ -7,8 +7,8 @@ import re
 import xml.etree.ElementTree as ET
 
 from tasks.report import attempt_rows, loss_and_spend_chart, usd
-from thrifty import chart
-from thrifty.ledger import Attempt
+from thrifty.report import chart
+from thrifty.money.ledger import Attempt
 
 T0 = 1_800_000_000.0
 

@@ -22,7 +22,7 @@ from conftest import REPO, python_env
 from scripting import (committed_steps, kill_group, records, start, starts, summary, wait_for_step,
                        write_config)
 from thrifty.config import ConfigError, build_config, load_config
-from thrifty.script import check_script, script_total_steps
+from thrifty.usercode.script import check_script, script_total_steps
 from training.validate import check_config
 
 EXAMPLE = REPO / "examples" / "script" / "train.py"
@@ -110,7 +110,7 @@ def test_the_example_validates_and_the_gate_needs_a_length(monkeypatch):
 def test_the_session_api_loads_no_torch_until_init():
     import subprocess
 
-    probe = "import sys, thrifty.session, thrifty.script\nprint(sorted(m for m in ('torch', 'prefect') if m in sys.modules))"
+    probe = "import sys, thrifty.session, thrifty.usercode.script\nprint(sorted(m for m in ('torch', 'prefect') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], env=python_env(), cwd=REPO, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
@@ -141,7 +141,7 @@ def test_smoke_test_of_a_good_script_measures_its_step_time(tmp_path, monkeypatc
     ("no-resume", "did not resume from its checkpoint at step 3"),
 ])
 def test_smoke_test_refuses_a_script_that_would_lose_money(tmp_path, bad_script, mode, expected):
-    from training.smoke import SmokeTestFailed
+    from training.validate import SmokeTestFailed
     from training.script_smoke import smoke_script
 
     with pytest.raises(SmokeTestFailed) as err:

@@ -18,10 +18,10 @@ import pytest
 
 from thrifty.cli import main
 from thrifty.config import build_config
-from thrifty.daly import daly_expected_wall_s, daly_interval_s
-from thrifty.ledger import Attempt, write_job_attempts
-from thrifty.meter import Price
-from thrifty.preemption import (
+from thrifty.spot.daly import daly_expected_wall_s, daly_interval_s
+from thrifty.money.ledger import Attempt, write_job_attempts
+from thrifty.money.meter import Price
+from thrifty.spot.preemption import (
     TraceRow,
     TraceStats,
     choose_mtbp,
@@ -31,7 +31,7 @@ from thrifty.preemption import (
     trace_stats,
 )
 from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, ENV_PRICES
-from thrifty.simulate import Exponential, RunLengths, RunPlan, one_run, simulate, simulate_interval
+from thrifty.spot.simulate import Exponential, RunLengths, RunPlan, one_run, simulate, simulate_interval
 from thrifty.storage import open_store
 
 NOW = 1_800_000_000.0

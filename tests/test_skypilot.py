@@ -22,7 +22,7 @@ from thrifty.config import ConfigError, build_config, config_from_env
 from thrifty.launchers import JobState, make_launcher
 from thrifty.launchers.notice import EXIT_RESUMABLE, STOP_KEY, STOPPED_KEY
 from thrifty.launchers import skypilot as sp
-from thrifty.ledger import write_job_attempts
+from thrifty.money.ledger import write_job_attempts
 from thrifty.runs import run_key
 from thrifty.storage import open_store
 
@@ -252,7 +252,7 @@ def test_preflight_lists_every_problem_at_once(tmp_path):
 
 
 def test_check_before_spending_runs_the_skypilot_checks(tmp_path):
-    from thrifty.preflight import check_before_spending
+    from thrifty.launchers.preflight import check_before_spending
 
     cfg = build_config({"run_name": "r", "store": str(tmp_path / "s"), "compute": {"launcher": "skypilot"}})
     with pytest.raises(ConfigError, match="SkyPilot launch is not ready"):
@@ -358,8 +358,8 @@ def test_submit_launches_a_real_task_with_an_absolute_workdir(fake, tmp_path):
 
 def test_submit_orders_the_task_by_the_gates_estimate_cheapest_run_first(fake):
     """The budget gate's speeds reach the launched task: a long run tries the H100 (dearer per hour) first."""
-    from thrifty.estimate import estimate_run
-    from thrifty.throughput import Measured, speeds_for
+    from thrifty.money.estimate import estimate_run
+    from thrifty.money.throughput import Measured, speeds_for
 
     cfg = cloud_cfg(workdir=str(REPO), clouds=["aws", "azure"], accelerators=["A10G:1", "H100:1"])
     measured = {n: Measured(accelerator=n, examples_per_s_per_gpu=v, windows=3, runs=["r"])

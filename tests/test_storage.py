@@ -18,7 +18,7 @@ import pytest
 
 from stores import AZURITE_ACCOUNT, AZURITE_KEY, REPO, apply_env, child_env, isolated_env, unique
 from thrifty.config import ConfigError, RunConfig
-from thrifty.preflight import check_before_spending
+from thrifty.launchers.preflight import check_before_spending
 from thrifty.storage import Archived, Conflict, NotFound, StoreError, check_store, open_store
 
 pytestmark = pytest.mark.slow
@@ -261,7 +261,7 @@ def test_reading_an_archived_object_says_restore_it_first(store, cold, says):
 
 def test_import_loads_no_cloud_sdk():
     sdks = ("boto3", "botocore", "google.cloud.storage", "azure.storage.blob")
-    code = f"import sys, thrifty.storage, thrifty.preflight; print([m for m in {sdks!r} if m in sys.modules])"
+    code = f"import sys, thrifty.storage, thrifty.launchers.preflight; print([m for m in {sdks!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=REPO, env=child_env(os.environ, {"PYTHONPATH": str(REPO)}))
     assert out.returncode == 0, out.stderr

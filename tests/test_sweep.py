@@ -245,7 +245,7 @@ def test_at_the_deadline_a_trial_in_flight_is_stopped_the_graceful_way(prefect_h
     reached = max(r["step"] for r in records if "loss" in r)
     [stopped] = [r for r in records if r.get("event") == "interrupted"]
     assert stopped["reason"] == "signal" and stopped["step"] == reached, stopped
-    from thrifty.checkpoints import committed
+    from thrifty.runs.checkpoints import committed
     from thrifty.storage import open_store
     assert committed(open_store(str(store)), "deadline")[-1].step == reached, "the step it stopped at is saved"
 
@@ -299,7 +299,7 @@ def digits_sweep(store: Path, name: str, max_usd: float, **extra) -> SweepConfig
 
 
 def ledger_rows(store: Path, run: str) -> list[dict]:
-    from thrifty.ledger import read_attempts
+    from thrifty.money.ledger import read_attempts
     from thrifty.storage import open_store
 
     return [a.row() for a in read_attempts(open_store(str(store)), run)]
@@ -398,8 +398,8 @@ def test_killed_search_resumes_and_finds_the_known_answer(prefect_harness, e2e_s
         assert reached and all(step >= checkpointed[run] for step in restarts), \
             f"{run}: resumed to epoch {target} from its checkpoint at step {checkpointed[run]}, not before it"
     # money: the search's spend is its trials' ledgers, under the cap; every job kept its own cap
-    from thrifty.budget import spend_usd
-    from thrifty.ledger import read_attempts
+    from thrifty.money.budget import spend_usd
+    from thrifty.money.ledger import read_attempts
     from thrifty.storage import open_store
 
     spent_now = sum(spend_usd(read_attempts(open_store(str(e2e_store)), t["trial"])) for t in out.leaderboard)

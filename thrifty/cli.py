@@ -75,7 +75,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from thrifty import savings
+    from thrifty.money import savings
     from thrifty.storage import open_store
 
     cfg = resolved_config(args)
@@ -115,7 +115,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     measured, notes = {}, []
     if args.speeds == "store":  # best effort: a store this machine cannot read leaves the table's speeds
         from thrifty.storage import open_store
-        from thrifty.throughput import measured_speeds, speed_key
+        from thrifty.money.throughput import measured_speeds, speed_key
 
         try:
             measured = measured_speeds(open_store(cfg.store), speed_key(cfg))
@@ -128,7 +128,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_prices(args: argparse.Namespace) -> int:
     """Print the price table (instances, or storage tiers), filtered by accelerator and cloud."""
-    from thrifty.pricing import PricingError, prices_text
+    from thrifty.money.pricing import PricingError, prices_text
 
     try:
         print(prices_text(args.accelerator, args.cloud, args.storage, args.source), end="")
@@ -141,7 +141,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """Replay preemptions against the planned run: expected wall time, dollars, lost work per checkpoint interval."""
     from pathlib import Path
 
-    from thrifty import simulate, simulate_inputs, simulate_report
+    from thrifty.spot import simulate, simulate_inputs, simulate_report
 
     plan, model, notes = simulate_inputs.build(args, resolved_config(args))
     try:
@@ -252,7 +252,7 @@ def cmd_new(args: argparse.Namespace) -> int:
     """Write a working, tested template to start from."""
     from pathlib import Path
 
-    from thrifty import scaffold
+    from thrifty.usercode import scaffold
 
     where = Path(args.dir)
     written = (scaffold.new_recipe if args.kind == "recipe" else scaffold.new_script)(args.name, where)

@@ -22,7 +22,7 @@ ENV_CONFIG = "THRIFTY_RUN_CONFIG"  # the RunConfig as JSON
 ENV_PRICES = "THRIFTY_PRICES"  # JSON list of the candidates the job may land on, each with its $/hour per node
 ENV_JOB_ID = "THRIFTY_JOB_ID"  # the launcher's job id (SkyPilot nodes derive it from SKYPILOT_MANAGED_JOB_ID)
 ENV_BILLING_START = "THRIFTY_BILLING_START_UNIX"  # when this attempt began to bill (local); cloud nodes use boot time
-ENV_LEASE_TOKEN = "THRIFTY_LEASE_TOKEN"  # the run's lease this job trains under (thrifty.lease)
+ENV_LEASE_TOKEN = "THRIFTY_LEASE_TOKEN"  # the run's lease this job trains under (thrifty.runs.lease)
 SKYPILOT_JOB_PREFIX = "sky-"  # our ids of SkyPilot managed jobs: sky-<managed job id>
 
 # ---------------------------------------------------------------- control objects under runs/<run_id>/

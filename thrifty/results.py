@@ -1,7 +1,7 @@
 """What the pipeline's steps hand each other: small frozen models instead of dicts with string keys.
 
 ``PrepResult`` (preprocess) -> ``SmokeResult`` (smoke test) -> ``Estimate`` (budget gate, in
-``thrifty.budget``) -> ``JobOutcome`` (launch and watch) -> ``PipelineResult`` (the flow's return,
+``thrifty.money.budget``) -> ``JobOutcome`` (launch and watch) -> ``PipelineResult`` (the flow's return,
 which ``thrifty run`` prints).
 """
 
@@ -11,10 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from thrifty.estimate import Estimate
-from thrifty.ledger import Attempt
+from thrifty.money.estimate import Estimate
+from thrifty.money.ledger import Attempt
 from thrifty.runs import RunSummary
-from thrifty.savings import SavingsReport
+from thrifty.money.savings import SavingsReport
 
 
 class _Result(BaseModel):

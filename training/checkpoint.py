@@ -1,7 +1,7 @@
 """Checkpoints of a run: atomic save, autoresume from the latest complete one, retention. Needs torch.
 
 The layout and the commit records (names, listing, the best checkpoint, archived ones) are
-``thrifty.checkpoints``'; this module writes ``state.pt`` then ``COMMIT``, loads the newest
+``thrifty.runs.checkpoints``'; this module writes ``state.pt`` then ``COMMIT``, loads the newest
 checkpoint whose data matches its record, and prunes.
 """
 
@@ -17,9 +17,9 @@ from typing import Any, BinaryIO, Callable, Iterator
 
 import torch
 
-from thrifty import checkpoints as layout
-from thrifty.checkpoints import CheckpointArchived, CheckpointInfo
-from thrifty.daly import daly_interval_s  # re-exported: its home is the library, shared with `thrifty simulate`
+from thrifty.runs import checkpoints as layout
+from thrifty.runs.checkpoints import CheckpointArchived, CheckpointInfo
+from thrifty.spot.daly import daly_interval_s  # re-exported: its home is the library, shared with `thrifty simulate`
 from thrifty.faults import fault_point
 from thrifty.storage import Archived, NotFound, Store, join_key
 from thrifty.storage.atomic import temp_beside

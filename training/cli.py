@@ -27,7 +27,7 @@ def config_to_train(args: argparse.Namespace) -> RunConfig:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from thrifty.script import is_script
+    from thrifty.usercode.script import is_script
     from training.loop import train
 
     setup_logging()
@@ -53,7 +53,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_smoke(args: argparse.Namespace) -> int:
     """The smoke test alone (no Prefect): preprocess if needed, a few CPU steps, a checkpoint round trip."""
-    from training.smoke import SmokeTestFailed, smoke_test
+    from training.smoke import smoke_test
+    from training.validate import SmokeTestFailed
 
     setup_logging()
     try:

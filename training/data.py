@@ -1,7 +1,7 @@
 """Preprocessing cache and the loader over its binary shards.
 
 The layout (``cache/<key>/`` shards, ``manifest.json`` written last, ``LAST_USED``) is
-``thrifty.shards``'; the key hashes the raw data's content fingerprint, the recipe's
+``thrifty.runs.shards``'; the key hashes the raw data's content fingerprint, the recipe's
 preprocessing source and its params. An entry whose manifest cannot be read because it was
 archived (S3, Azure, file) is a miss and is rebuilt, sooner than a restore; GCS reads its cold
 classes in place, so there it stays a hit.
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from thrifty.config import ConfigError
-from thrifty.shards import entry_prefix, mark_used, read_manifest
+from thrifty.runs.shards import entry_prefix, mark_used, read_manifest
 from thrifty.storage import NotFound, Store, join_key
 from training.recipes.base import Recipe, RecipeParams
 from training.shard_write import FORMAT_VERSION, SizeCheck, require_examples, write_shards

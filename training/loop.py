@@ -23,14 +23,15 @@ import torch
 
 from thrifty.config import ConfigError, RunConfig
 from thrifty.config.run import PAUSE_AND_IO_FIELDS
-from thrifty import lease
+from thrifty.runs import lease
 from thrifty.faults import fault_point
-from thrifty.meter import NodeMeter, node_job_id
-from thrifty.preemption import config_mtbp, node_mtbp
+from thrifty.launchers.identity import identify
+from thrifty.money.meter import NodeMeter, node_job_id
+from thrifty.spot.preemption import config_mtbp, node_mtbp
 from thrifty.protocol import ENV_LEASE_TOKEN
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
-from thrifty.throughput import speed_key
+from thrifty.money.throughput import speed_key
 from training.checkpoint import CheckpointManager
 from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation, open_cache
@@ -148,7 +149,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         if swept:
             log.info("removed %d file(s) a killed writer of run %r left behind", swept, run_id)
     # the cap, enforced here too: a job whose flow died (a killed `thrifty run`, a closed laptop) still stops
-    meter = NodeMeter.from_env(store, cfg) if dist.is_main else None
+    meter = NodeMeter.from_env(store, cfg, identify=identify) if dist.is_main else None
     if meter is not None:
         log.info("budget: this job bills $%.4f/h (%s); the run has spent $%.4f of its $%g cap", meter.rate,
                  meter.price_note, meter.spend_usd(), cfg.budget.max_usd)
@@ -236,7 +237,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
           **({"stop_step": stop_steps} if stop_steps < total_steps else {}),  # this job ends there (a search's rung)
           "precision": precision_name(amp), "device": str(device), "world_size": dist.world,
           "cache_key": cache.key, "cache_hit": cache.hit,
-          # what lets `thrifty plan` and the budget gate reuse this attempt's speed (thrifty.throughput)
+          # what lets `thrifty plan` and the budget gate reuse this attempt's speed (thrifty.money.throughput)
           "speed_key": speed_key(cfg), "train_examples": train_split.n}
          | ({"mtbp_s": round(mtbp.mtbp_s, 1), "mtbp_source": mtbp.source, "mtbp_detail": mtbp.detail}
             if schedule.auto else {}))

@@ -17,7 +17,7 @@ from thrifty.runs import run_key
 from thrifty.storage import Store
 from thrifty.storage.atomic import temp_beside
 from thrifty.storage.spool import spool_dir
-from thrifty.daly import daly_interval_s
+from thrifty.spot.daly import daly_interval_s
 
 
 class MetricsWriter:
@@ -62,7 +62,7 @@ class CheckpointSchedule:
 
     def __init__(self, every: int | str, mtbp_s: float, start_step: int, mtbp_source: str = "config"):
         self.auto = every == "auto"
-        self.mtbp_s, self.mtbp_source = mtbp_s, mtbp_source  # source: ledger | shipped | config (thrifty.preemption)
+        self.mtbp_s, self.mtbp_source = mtbp_s, mtbp_source  # source: ledger | shipped | config (thrifty.spot.preemption)
         self.interval = self.PROBE_STEPS if self.auto else int(every)
         self.last_saved = start_step
         self.save_s: float | None = None

@@ -1,7 +1,7 @@
 """Script mode on the node: ``python -m training`` with ``recipe: script`` runs the user's command as a child.
 
 The child gets the RunConfig (``$THRIFTY_RUN_CONFIG``) and a status file the session inside it
-writes (``thrifty.script.SessionStatus``); a SIGTERM (spot notice) is forwarded to it; its exit
+writes (``thrifty.usercode.script.SessionStatus``); a SIGTERM (spot notice) is forwarded to it; its exit
 code is the job's, except that the session's verdict decides a clean exit: a script that never
 checkpointed, or ended with steps it did not save, exits 2 (never restarted: a restart would
 pay for the same steps again), one stopped at the budget cap exits 3.
@@ -22,10 +22,10 @@ from typing import IO, Iterator
 
 from thrifty.config import ENV_VAR, RunConfig
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from thrifty.script import ENV_STATUS, ENV_STEP_LIMIT, ScriptParams, SessionStatus, check_script
+from thrifty.usercode.script import ENV_STATUS, ENV_STEP_LIMIT, ScriptParams, SessionStatus, check_script
 from training import signals
 
-log = logging.getLogger("thrifty.script")
+log = logging.getLogger("thrifty.usercode.script")
 
 # a torchrun worker's variables: the script sees a plain process (a multi-GPU script starts its own torchrun)
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",

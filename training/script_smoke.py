@@ -14,13 +14,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from thrifty.budget import world_size
+from thrifty.money.budget import world_size
 from thrifty.config import RunConfig
 from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, ENV_LEASE_TOKEN, ENV_PRICES
 from thrifty.results import SmokeResult
-from thrifty.script import SessionStatus, check_script
+from thrifty.usercode.script import SessionStatus, check_script
 from training.script import job_exit_code, run_command
-from training.smoke import SmokeTestFailed
+from training.validate import SmokeTestFailed
 
 NOT_FOR_THE_SMOKE = (ENV_PRICES, ENV_BILLING_START, ENV_JOB_ID, ENV_LEASE_TOKEN)  # a smoke run is not the job
 

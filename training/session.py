@@ -24,13 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from thrifty.config import ConfigError, RunConfig, config_from_env, load_config
+from thrifty.config import ConfigError, RunConfig, script_config
 from thrifty.faults import fault_point
-from thrifty.meter import NodeMeter
-from thrifty.preemption import config_mtbp, node_mtbp
+from thrifty.launchers.identity import identify
+from thrifty.money.meter import NodeMeter
+from thrifty.spot.preemption import config_mtbp, node_mtbp
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
-from thrifty.script import ENV_STATUS, ENV_STEP_LIMIT, SessionStatus, is_script, script_params
+from thrifty.usercode.script import ENV_STATUS, ENV_STEP_LIMIT, SessionStatus, is_script, script_params
 from thrifty.storage import open_store
 from training.checkpoint import CheckpointManager
 from training.ckpt_writer import CheckpointWriter, Written
@@ -47,24 +48,6 @@ INTERRUPTIONS = ("signal", "budget")  # stops that leave the run unfinished (it 
 
 class ScriptError(ConfigError):
     """The script used the session in a way that loses work or money; the message says what to change."""
-
-
-def _config_from(config: Any) -> RunConfig:
-    if isinstance(config, RunConfig):
-        return config
-    if config is not None:
-        return load_config(config)
-    from_env = config_from_env(dict(os.environ))
-    if from_env is not None:
-        return from_env
-    argv = sys.argv[1:]
-    for i, arg in enumerate(argv):
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            return load_config(argv[i + 1])
-        if arg.startswith("--config="):
-            return load_config(arg.split("=", 1)[1])
-    raise ConfigError("thrifty.session.init() found no RunConfig: run the script through `thrifty run` / `thrifty "
-                      "train` (they set $THRIFTY_RUN_CONFIG), pass --config FILE, or call init('run.yaml')")
 
 
 class Session:
@@ -118,7 +101,7 @@ class Session:
             swept = self.store.sweep(run_key(self.run_id))
             if swept:
                 log.info("removed %d file(s) a killed writer of run %r left behind", swept, self.run_id)
-            self.meter = NodeMeter.from_env(self.store, cfg)
+            self.meter = NodeMeter.from_env(self.store, cfg, identify=identify)
             self.metrics = MetricsWriter(self.store, self.run_id)
             if self.meter is not None and self.meter.over_cap(save_s=0.0, step_s=0.0):
                 self.stop_reason = "budget"
@@ -442,7 +425,7 @@ def init(config: str | Path | RunConfig | None = None, *, total_steps: int | Non
     """The session of this run (see ``thrifty.session``). A config or lease problem (exit 2, e.g. another trainer
     holds the run) is told to the wrapper too, so the job is not restarted for it."""
     try:
-        return Session(_config_from(config), total_steps=total_steps)
+        return Session(script_config(config), total_steps=total_steps)
     except ConfigError as exc:
         if os.environ.get(ENV_STATUS):
             SessionStatus(pid=os.getpid(), closed=True, ended="bad_input", exit_code=EXIT_BAD_INPUT,

@@ -3,7 +3,7 @@
 Per array, rows are buffered only up to one shard; a full shard is written at once (hashed as it
 is written, never read back), so memory holds about one chunk plus one shard per array whatever
 the data set's size. The sizes are known only at the end, so the checks on them run then and the
-manifest (the commit record, ``thrifty.shards``) is written only when they pass; a failed check,
+manifest (the commit record, ``thrifty.runs.shards``) is written only when they pass; a failed check,
 an error in the recipe's generator or a bad chunk removes every shard this writer wrote. A
 killed writer leaves shards without a manifest: an unfinished entry, never read, cleared by the
 next miss.
@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator
 import numpy as np
 
 from thrifty.config import ConfigError
-from thrifty.shards import MANIFEST, entry_prefix
+from thrifty.runs.shards import MANIFEST, entry_prefix
 from thrifty.storage import Store, join_key
 from training.recipes.base import Dataset, EmptyDataError, Preprocessed, Recipe, RecipeParams
 

@@ -16,20 +16,16 @@ import time
 import numpy as np
 import torch
 
-from thrifty.budget import world_size
+from thrifty.money.budget import world_size
 from thrifty.config import ConfigError, RunConfig
-from thrifty.script import is_script
+from thrifty.usercode.script import is_script
 from thrifty.results import SmokeResult
 from thrifty.storage import FileStore, open_store
 from training.checkpoint import CheckpointManager
 from training.data import open_cache
 from training.steps import evaluate, optimizer_step
 from training.runtime import autocast, pick_precision, precision_name, seed_everything, weights_sha256
-from training.validate import check_arrays, check_config, check_data, dtype_hints
-
-
-class SmokeTestFailed(RuntimeError):
-    """The recipe cannot train as configured; nothing should be launched."""
+from training.validate import SmokeTestFailed, check_arrays, check_config, check_data, dtype_hints
 
 
 def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:

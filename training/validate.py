@@ -11,14 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 from thrifty.config import ConfigError, RunConfig
-from thrifty.script import ScriptParams, check_script, is_script
+from thrifty.usercode.script import ScriptParams, check_script, is_script
 from training.data import manifest_sizes
 from training.recipes.base import Recipe, RecipeError, RecipeParams, resolve_recipe
 
 
+class SmokeTestFailed(RuntimeError):
+    """The recipe (or script) cannot train as configured; nothing should be launched."""
+
+
 def check_config(cfg: RunConfig) -> tuple[Recipe | None, RecipeParams | ScriptParams]:
     """The recipe and its parsed options, or a ConfigError naming the setting to change. Script mode
-    (``recipe: script``) has no Recipe: its command is checked instead (``thrifty.script.check_script``)."""
+    (``recipe: script``) has no Recipe: its command is checked instead (``thrifty.usercode.script.check_script``)."""
     if is_script(cfg):
         if cfg.train.stop_at_epoch is not None:  # the script's own loop decides its epochs
             raise ConfigError("'train.stop_at_epoch': script mode cannot pause at an epoch (the command runs its own "

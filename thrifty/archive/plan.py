@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from thrifty import checkpoints, shards
+from thrifty.runs import checkpoints, shards
 from thrifty.config import ConfigError, StoreUri, format_validation_error, store_scheme
 from thrifty.storage import NotFound, ObjectInfo, Store, is_cold
 

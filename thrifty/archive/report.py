@@ -8,7 +8,7 @@ from typing import Any
 
 from thrifty.archive.plan import GIB, Item, Plan
 from thrifty.archive.store import Outcome
-from thrifty.pricing import PricingError, StorageTierPrice, storage_cloud, storage_price
+from thrifty.money.pricing import PricingError, StorageTierPrice, storage_cloud, storage_price
 
 # ------------------------------------------------------------------------------------------- money and text
 

@@ -8,11 +8,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from thrifty import checkpoints
+from thrifty.runs import checkpoints
 from thrifty.archive.plan import _RUN, COMMIT_NAMES, ArchiveSettings, Item, Plan, Policy, RunFacts, plan, utcnow
 from thrifty.config import ConfigError
 from thrifty.faults import fault_point
-from thrifty.ledger import read_attempts
+from thrifty.money.ledger import read_attempts
 from thrifty.runs import run_key, summary_best_step
 from thrifty.storage import Archived, NotFound, ObjectInfo, RestoreStatus, Store, StoreError, check_store, is_cold, open_store
 

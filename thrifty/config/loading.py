@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -76,10 +78,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return build_config(data, source=str(path) if path else "defaults")
 
 
-def config_from_env(environ: dict[str, str]) -> RunConfig | None:
+def config_from_env(environ: Mapping[str, str]) -> RunConfig | None:
+    """``$THRIFTY_RUN_CONFIG``: the RunConfig as JSON (what a launcher gives a node) or, for running a script by
+    hand, the path of a YAML or JSON config file."""
     raw = environ.get(ENV_VAR)
     if not raw:
         return None
+    if not raw.lstrip().startswith("{"):
+        if Path(raw).is_file():
+            return load_config(raw)
+        raise ConfigError(f"${ENV_VAR} is neither a RunConfig as JSON nor the path of a config file: {raw[:200]!r}")
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -109,3 +117,26 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> RunConfig:
     return resolve_config(args.config, args.overrides, environ)
+
+
+def script_config(config: "str | Path | RunConfig | None", environ: Mapping[str, str] | None = None,
+                  argv: list[str] | None = None) -> RunConfig:
+    """The RunConfig a script's ``thrifty.session.init(config)`` runs under: ``config`` itself (a RunConfig or a
+    file's path), else ``$THRIFTY_RUN_CONFIG`` (JSON on a node, or a file's path), else ``--config FILE`` on the
+    script's command line."""
+    if isinstance(config, RunConfig):
+        return config
+    if config is not None:
+        return load_config(config)
+    from_env = config_from_env(os.environ if environ is None else environ)
+    if from_env is not None:
+        return from_env
+    argv = sys.argv[1:] if argv is None else argv
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            return load_config(argv[i + 1])
+        if arg.startswith("--config="):
+            return load_config(arg.split("=", 1)[1])
+    raise ConfigError("thrifty.session.init() found no RunConfig: run the script through `thrifty run` / `thrifty "
+                      "train` (they set $THRIFTY_RUN_CONFIG), set THRIFTY_RUN_CONFIG=run.yaml, pass --config FILE, "
+                      "or call init('run.yaml')")

@@ -7,12 +7,12 @@ from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 from thrifty.config import ENV_VAR, RunConfig
-from thrifty.meter import Price, prices_env
+from thrifty.money.meter import Price, prices_env
 from thrifty.protocol import ENV_PRICES
-from thrifty.ledger import Attempt
+from thrifty.money.ledger import Attempt
 
 if TYPE_CHECKING:
-    from thrifty.estimate import Estimate
+    from thrifty.money.estimate import Estimate
 
 
 class LaunchError(RuntimeError):

@@ -1,6 +1,6 @@
 """What a cloud node can learn about itself from its metadata server: instance type, spot or not, region.
 
-The node meters its own cost (``thrifty.meter``) at the price of the candidate it landed on, so
+The node meters its own cost (``thrifty.money.meter``) at the price of the candidate it landed on, so
 it asks the same link-local endpoint the notice watcher polls (``$THRIFTY_METADATA_BASE`` in
 tests). Every probe returns what it could learn and never raises: an unknown field makes the
 meter charge the dearest matching candidate instead.
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-from thrifty.launchers.notice import _http, metadata_base
-from thrifty.meter import NodeIdentity
+from typing import Mapping
 
-log = logging.getLogger("thrifty.meter")
+from thrifty.launchers.notice import _http, cluster_cloud, detect_cloud, metadata_base
+from thrifty.money.meter import NodeIdentity
+
+log = logging.getLogger("thrifty.money.meter")
 
 
 def _get(url: str, headers: dict[str, str]) -> str | None:
@@ -67,3 +69,11 @@ def probe(cloud: str | None) -> NodeIdentity:
     except Exception as exc:  # an unreachable endpoint: the meter charges the dearest candidate
         log.warning("could not read this node's %s metadata (%s); metering at the dearest candidate", cloud, exc)
         return NodeIdentity(cloud)
+
+
+def identify(env: Mapping[str, str]) -> NodeIdentity:
+    """What this node is, for its meter. A Kubernetes pod has no metadata server to ask and no spot market: it is
+    one of the kubernetes candidates (never a cloud's dearest), the dearest of them when their GPU counts differ."""
+    if cluster_cloud(env) == "kubernetes":
+        return NodeIdentity("kubernetes", None, False)
+    return probe(detect_cloud(env))

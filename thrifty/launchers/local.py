@@ -20,15 +20,15 @@ import time
 import uuid
 from pathlib import Path
 
-from thrifty.budget import TEARDOWN_S
+from thrifty.money.budget import TEARDOWN_S
 from thrifty.config import RunConfig
 from thrifty.launchers.base import (JobState, JobStatus, LaunchError, free_loopback_port, node_env, skypilot_node_vars,
                                     torchrun_command)
 from thrifty.launchers.notice import send_sigterm
-from thrifty.pricing import quote_emulated
-from thrifty.meter import Price
+from thrifty.money.pricing import quote_emulated
+from thrifty.money.meter import Price
 from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, EXIT_BAD_INPUT, EXIT_BUDGET
-from thrifty.ledger import Attempt
+from thrifty.money.ledger import Attempt
 from thrifty.runs import finished_since, latest_progress, read_metrics, run_key
 from thrifty.storage import open_store
 

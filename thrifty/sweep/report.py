@@ -10,7 +10,7 @@ from xml.sax.saxutils import escape
 
 from pydantic import BaseModel
 
-from thrifty.chart import HEIGHT, PAD_B, PAD_L, PAD_R, PAD_T, TEXT, WIDTH, fmt_usd, frame, scale
+from thrifty.report.chart import HEIGHT, PAD_B, PAD_L, PAD_R, PAD_T, TEXT, WIDTH, fmt_usd, frame, scale
 from thrifty.sweep.scheduler import TrialState
 
 POINT_COLOUR, BEST_COLOUR = "#2563eb", "#16a34a"

@@ -12,9 +12,9 @@ import time
 
 from pydantic import BaseModel, Field
 
-from thrifty.budget import gpu_hours, gpus_per_node, spend_usd
+from thrifty.money.budget import gpu_hours, gpus_per_node, spend_usd
 from thrifty.config import ConfigError, RunConfig
-from thrifty.ledger import read_attempts
+from thrifty.money.ledger import read_attempts
 from thrifty.runs import finished_summary, read_metrics
 from thrifty.storage import NotFound, Store, join_key
 from thrifty.sweep.config import SweepConfig

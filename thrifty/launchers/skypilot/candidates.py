@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from thrifty.config import RunConfig
-from thrifty.pricing import PricingError, Quote, parse_accelerator, quote_accelerator
+from thrifty.money.pricing import PricingError, Quote, parse_accelerator, quote_accelerator
 
 KUBERNETES = "kubernetes"  # SkyPilot's infra name (also `k8s`); its record's cloud, lower-cased
 

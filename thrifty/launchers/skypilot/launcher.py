@@ -9,15 +9,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from thrifty.budget import TEARDOWN_S, world_size
+from thrifty.money.budget import TEARDOWN_S, world_size
 from thrifty.config import ConfigError, RunConfig
-from thrifty.estimate import Estimate
+from thrifty.money.estimate import Estimate
 from thrifty.launchers.base import JobStatus, LaunchError
 from thrifty.launchers.skypilot.queue import QUEUE_FIELDS, _value, record_state, skypilot_task_id, update_attempts
 from thrifty.launchers.skypilot.candidates import KUBERNETES, candidates, kubernetes_quote
 from thrifty.launchers.skypilot.task import build_task, ranked_candidates, task_config
-from thrifty.pricing import PricingError, quote_accelerator
-from thrifty.ledger import Attempt
+from thrifty.money.pricing import PricingError, quote_accelerator
+from thrifty.money.ledger import Attempt
 from thrifty.protocol import SKYPILOT_JOB_PREFIX, STOP_KEY, STOPPED_KEY
 
 log = logging.getLogger("thrifty.launch")
@@ -85,7 +85,7 @@ class SkyPilotLauncher:
         if self.cfg is None:
             return []
         try:
-            from thrifty.ledger import read_attempts
+            from thrifty.money.ledger import read_attempts
             from thrifty.storage import open_store
 
             attempts = read_attempts(open_store(self.cfg.store), self.cfg.run_name)
@@ -95,7 +95,7 @@ class SkyPilotLauncher:
 
     def _price(self, cloud: str, instance: str | None, accelerator: str | None, spot: bool) -> float:
         """$/hour of one node: the instance if the offline table knows it, else the accelerator's cheapest offer."""
-        from thrifty.pricing import find_instance
+        from thrifty.money.pricing import find_instance
 
         if cloud == KUBERNETES and accelerator and self.cfg is not None:  # the user's cluster: the user's rate
             return kubernetes_quote(self.cfg, accelerator).usd_per_hour
@@ -119,7 +119,7 @@ class SkyPilotLauncher:
                 log.warning("no price for %s %s (%s); metering at the dearest candidate, $%.3f/h", cloud, instance,
                             accelerator, max(cands))
                 return max(cands)
-        raise LaunchError(f"no price for {cloud} {instance} ({accelerator}); add it to thrifty/pricing.py")
+        raise LaunchError(f"no price for {cloud} {instance} ({accelerator}); add it to thrifty/money/pricing.py")
 
     def status(self, job_id: str) -> JobStatus:
         rec = self._record(job_id)

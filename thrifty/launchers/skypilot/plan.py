@@ -7,12 +7,12 @@ budget gate of ``thrifty run`` prices the run from its smoke test.
 
 from __future__ import annotations
 
-from thrifty.budget import world_size
+from thrifty.money.budget import world_size
 from thrifty.config import RunConfig
 from thrifty.launchers.skypilot.candidates import candidates
 from thrifty.launchers.skypilot.ranking import Costed, Ranking, startup_s
 from thrifty.launchers.skypilot.task import build_task, ranked_candidates, task_config, task_yaml
-from thrifty.throughput import Measured, measured_train_examples, speeds_for
+from thrifty.money.throughput import Measured, measured_train_examples, speeds_for
 
 
 def plan_ranking(cfg: RunConfig, source: str = "auto", measured: dict[str, Measured] | None = None) -> Ranking:

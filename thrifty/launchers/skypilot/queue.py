@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from thrifty.launchers.base import JobState, LaunchError
-from thrifty.ledger import Attempt
+from thrifty.money.ledger import Attempt
 
 QUEUE_FIELDS = [
     "job_id", "task_id", "job_name", "task_name", "status", "recovery_count", "submitted_at", "start_at", "end_at",

@@ -1,7 +1,7 @@
 """Candidates ranked by what the run costs on each (rate x estimated runtime, start-up included), not by $/hour.
 
 A faster GPU at a higher rate often costs less per run. Each candidate's runtime is the steps left
-at its accelerator's speed (``thrifty.throughput``: measured in the store first, the table after)
+at its accelerator's speed (``thrifty.money.throughput``: measured in the store first, the table after)
 plus the start-up SkyPilot bills before the first step. ``compute.deadline_h`` leaves out the
 candidates that cannot finish in time; none left is a ConfigError naming the fastest one's estimate.
 Without a runtime (``thrifty plan`` with no measurement and no smoke test) candidates rank by
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from thrifty.config import ConfigError, RunConfig
-from thrifty.estimate import PROVISIONING_S
+from thrifty.money.estimate import PROVISIONING_S
 from thrifty.launchers.skypilot.candidates import Candidate
-from thrifty.throughput import Speeds
+from thrifty.money.throughput import Speeds
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ from thrifty.config import ConfigError, RunConfig
 from thrifty.launchers.base import node_env
 from thrifty.launchers.skypilot.candidates import Candidate, candidates
 from thrifty.launchers.skypilot.ranking import Ranking, rank
-from thrifty.meter import Price
+from thrifty.money.meter import Price
 from thrifty.protocol import EXIT_RESUMABLE
-from thrifty.throughput import Speeds, speeds_for
+from thrifty.money.throughput import Speeds, speeds_for
 
 STORE_MOUNT = "/thrifty-store"  # where a MOUNT_CACHED store appears on the node
 VENV = "~/.thrifty/venv"

@@ -22,8 +22,8 @@ from typing import Protocol
 
 import numpy as np
 
-from thrifty.daly import daly_expected_wall_s, daly_interval_s
-from thrifty.preemption import TraceStats
+from thrifty.spot.daly import daly_expected_wall_s, daly_interval_s
+from thrifty.spot.preemption import TraceStats
 
 MAX_WALL_FACTOR = 200.0  # a trial still unfinished after this many times its work never finishes at that interval
 

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from thrifty.config import ConfigError, RunConfig
-from thrifty.preemption import (
+from thrifty.spot.preemption import (
     MtbpChoice,
     choose_mtbp,
     ledger_observations,
     trace_stats,
     traced_instances,
 )
-from thrifty.pricing import PricingError, find_instance
+from thrifty.money.pricing import PricingError, find_instance
 from thrifty.runs import read_metrics
-from thrifty.simulate import Exponential, PreemptionModel, RunLengths, RunPlan
+from thrifty.spot.simulate import Exponential, PreemptionModel, RunLengths, RunPlan
 from thrifty.storage import Store, open_store
 
 DEFAULT_RESTART_S = 300.0  # a preemption to training again: a new VM, setup, the checkpoint loaded (SkyPilot, typical)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from thrifty.budget import accelerator_count
-from thrifty.throughput import Speeds, speeds_for
+from thrifty.money.budget import accelerator_count
+from thrifty.money.throughput import Speeds, speeds_for
 
 FP32_SLOWDOWN_ON_GPU = 2.0  # assumed: fp32 takes this much longer than bf16/fp16 autocast on a GPU
 PROVISIONING_S = {"local": 5.0, "skypilot": 300.0}  # assumed start-up time billed before training
@@ -46,7 +46,7 @@ def estimate_run(steps: int, cpu_seconds_per_example: float, examples_per_step: 
                  nodes: int, accelerator: str | None, launcher: str, price_source: str = "",
                  total_steps: int | None = None, speeds: Speeds | None = None, choice: str = "") -> Estimate:
     """Cost of ``steps`` on ``accelerator``: at its speed in ``speeds`` (measured, or scaled from the smoke test's
-    CPU speed by the throughput table: ``thrifty.throughput``), or on this CPU at the smoke test's speed (stated)."""
+    CPU speed by the throughput table: ``thrifty.money.throughput``), or on this CPU at the smoke test's speed (stated)."""
     if accelerator is None:  # the local launcher trains on this CPU: no scaling
         step_s = examples_per_step * cpu_seconds_per_example
         how = "the run trains on this machine's CPU at the smoke test's measured speed"

@@ -29,8 +29,8 @@ from collections import defaultdict
 from pydantic import BaseModel, ConfigDict, Field
 
 from thrifty.config import ConfigError, RunConfig
-from thrifty.ledger import read_attempts
-from thrifty.pricing import accelerator_of
+from thrifty.money.ledger import read_attempts
+from thrifty.money.pricing import accelerator_of
 from thrifty.runs import read_jsonl
 from thrifty.storage import Store
 
@@ -116,7 +116,7 @@ def speeds_for(names: list[str], measured: dict[str, Measured], cpu_examples_per
     if unknown:
         raise ConfigError(
             f"'compute.accelerators': no speed is known for {', '.join(unknown)}: the store has no run of this model "
-            f"on it and the throughput table (thrifty/throughput.py) covers {', '.join(RELATIVE_SPEED)}. Remove it, "
+            f"on it and the throughput table (thrifty/money/throughput.py) covers {', '.join(RELATIVE_SPEED)}. Remove it, "
             "or train once on it so the store measures it.")
     ref = max(measured.values(), key=lambda m: m.windows) if measured else None
     if ref is not None and relative_speed(ref.accelerator) is None:  # measured but not in the table: cannot scale

@@ -33,7 +33,7 @@ from typing import Callable
 from thrifty.config import ConfigError
 from thrifty.procs import process_alive, process_started
 from thrifty.protocol import ENV_LEASE_TOKEN
-from thrifty.runs import run_key
+from thrifty.runs.records import run_key
 from thrifty.storage import Conflict, NotFound, Store
 
 __all__ = ["DEFAULT_TTL_S", "ENV_LEASE_TOKEN", "LEASE_FILE", "Heartbeat", "Lease", "LeaseHeld", "LeaseLost",

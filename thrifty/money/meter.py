@@ -1,9 +1,9 @@
 """The node's own meter: the budget cap enforced where the money is spent, even when the flow is gone.
 
 A launcher gives its job the prices of the candidates it may land on (``$THRIFTY_PRICES``); the
-node matches the instance it landed on (``thrifty.launchers.identity``), knows when it began to
+node matches the instance it landed on (``thrifty.launchers.identity``, handed in by the node program), knows when it began to
 bill (the launcher's start locally, the boot time on a cloud VM), reads what the run spent
-before (``thrifty.ledger``) and, every step, asks :meth:`NodeMeter.over_cap`. At the cap the
+before (``thrifty.money.ledger``) and, every step, asks :meth:`NodeMeter.over_cap`. At the cap the
 training program checkpoints and exits ``EXIT_BUDGET``, which no launcher restarts. Its record in
 the store (``runs/<run>/meter/...``) lets reports count every dollar of a job whose watcher died.
 """
@@ -18,14 +18,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from thrifty.budget import TEARDOWN_S, over_cap, spend_usd, stop_margin_s
+from thrifty.money.budget import TEARDOWN_S, over_cap, spend_usd, stop_margin_s
 from thrifty.config import ConfigError, RunConfig
-from thrifty.ledger import METER_BEAT_S, MeterRecord, read_attempts, write_meter
+from thrifty.money.ledger import METER_BEAT_S, MeterRecord, read_attempts, write_meter
 from thrifty.procs import process_started
 from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, ENV_PRICES, SKYPILOT_JOB_PREFIX
 from thrifty.storage import Store
 
-log = logging.getLogger("thrifty.meter")
+log = logging.getLogger("thrifty.money.meter")
 
 
 @dataclass(frozen=True)
@@ -109,10 +109,12 @@ class NodeMeter:
         self.beat(force=True)
 
     @classmethod
-    def from_env(cls, store: Store, cfg: RunConfig, environ: dict[str, str] | None = None,
-                 clock: Callable[[], float] = time.time) -> "NodeMeter | None":
+    def from_env(cls, store: Store, cfg: RunConfig, environ: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.time,
+                 identify: Callable[[Mapping[str, str]], NodeIdentity] | None = None) -> "NodeMeter | None":
         """The meter a launcher asked for, or None when none did (a person running `thrifty train` on a machine
-        of their own: nothing is billed)."""
+        of their own: nothing is billed). ``identify`` asks a cloud VM what it is (the node program passes
+        ``thrifty.launchers.identity.identify``); without it the meter charges the dearest candidate."""
         env = os.environ if environ is None else environ
         raw = env.get(ENV_PRICES)
         if not raw:
@@ -126,14 +128,8 @@ class NodeMeter:
             node = NodeIdentity(prices[0].cloud, prices[0].instance, prices[0].spot) if len(prices) == 1 else \
                 NodeIdentity(None)
         else:  # a cloud VM: billing began when it booted; ask it what it is
-            from thrifty.launchers.identity import probe
-            from thrifty.launchers.notice import cluster_cloud, detect_cloud
-
             started = boot_time_unix() or clock()
-            # a Kubernetes pod has no metadata server to ask, and no spot market: it is one of the kubernetes
-            # candidates (never a cloud's dearest), the dearest of them when their GPU counts differ
-            node = NodeIdentity("kubernetes", None, False) if cluster_cloud(env) == "kubernetes" else \
-                probe(detect_cloud(env))
+            node = identify(env) if identify is not None else NodeIdentity(None)
         price, note = match_price(prices, node)
         nodes = int(env.get("SKYPILOT_NUM_NODES") or cfg.compute.num_nodes)
         return cls(store, cfg, job_id, price, note, nodes, started, clock)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from thrifty.simulate import Simulation
+from thrifty.spot.simulate import Simulation
 
 
 def _h(seconds: float) -> str:

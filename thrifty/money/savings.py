@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from thrifty.budget import spend_usd
-from thrifty.estimate import FP32_SLOWDOWN_ON_GPU
-from thrifty.pricing import PricingError, find_instance
-from thrifty.ledger import Attempt
+from thrifty.money.budget import spend_usd
+from thrifty.money.estimate import FP32_SLOWDOWN_ON_GPU
+from thrifty.money.pricing import PricingError, find_instance
+from thrifty.money.ledger import Attempt
 from thrifty.runs import RunSummary, run_key
 from thrifty.storage import NotFound, Store
 
@@ -140,7 +140,7 @@ def read_all(store: Store) -> list[SavingsReport]:
     flow that crashed, was cancelled or killed) or with spend since is figured from its ledger now,
     so the table's total is every dollar the store's runs spent.
     """
-    from thrifty.ledger import read_attempts
+    from thrifty.money.ledger import read_attempts
     from thrifty.runs import read_summary
 
     run_ids: dict[str, None] = {}

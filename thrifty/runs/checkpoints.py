@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from thrifty.config import ConfigError
-from thrifty.runs import run_key
+from thrifty.runs.records import run_key
 from thrifty.storage import Archived, NotFound, Store, is_cold, join_key
 
 log = logging.getLogger("thrifty.checkpoint")

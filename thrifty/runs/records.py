@@ -1,8 +1,8 @@
 """Where a run's things live in the store, and readers for them (metrics, summary, the cost ledger).
 
 ``runs/<run_id>/``: ``ckpt/`` (training), ``metrics/<attempt>.jsonl`` (training),
-``summary.json`` (training, when finished), ``lease.json`` (who watches the run: ``thrifty.lease``);
-the cost ledger is ``thrifty.ledger``'s.
+``summary.json`` (training, when finished), ``lease.json`` (who watches the run: ``thrifty.runs.lease``);
+the cost ledger is ``thrifty.money.ledger``'s.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 from xml.sax.saxutils import escape
 
-from thrifty.ledger import Attempt
+from thrifty.money.ledger import Attempt
 
 WIDTH, HEIGHT = 640, 240
 PAD_L, PAD_R, PAD_T, PAD_B = 56, 64, 28, 36  # room for the loss axis (left), the spend axis (right), title, time axis

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from thrifty.config import ConfigError, RunConfig
 from thrifty.launchers import make_launcher
-from thrifty.pricing import PricingError, quote_emulated
+from thrifty.money.pricing import PricingError, quote_emulated
 from thrifty.storage import StoreError, check_store
 
 

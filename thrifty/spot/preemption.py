@@ -1,6 +1,6 @@
 """How often spot instances are preempted: the store's own ledgers, the shipped trace statistics, or the config.
 
-Three sources, best first: every attempt in the store's cost ledgers (``thrifty.ledger``) on the same
+Three sources, best first: every attempt in the store's cost ledgers (``thrifty.money.ledger``) on the same
 cloud and instance is an observation (one that ended ``preempted`` is an event; any other end, or one
 still running, is time survived); the statistics shipped in ``thrifty/data/spot_stats.json`` (derived
 from public spot traces, one row per trace: see ``bench/make_spot_stats.py``); and the config's
@@ -18,8 +18,8 @@ from importlib import resources
 from typing import Literal
 
 from thrifty.config import RunConfig
-from thrifty.ledger import Attempt, read_attempts
-from thrifty.meter import Price
+from thrifty.money.ledger import Attempt, read_attempts
+from thrifty.money.meter import Price
 from thrifty.storage import Store
 
 MIN_LEDGER_PREEMPTIONS = 5  # fewer events than this and the ledgers' estimate is noisier than the traces' (+-45 %)

@@ -5,8 +5,8 @@ has been spent, what is burning now, where the run is heading, and which alerts 
 state (what already fired) is plain data the caller persists with the run, so each threshold
 alerts once per run, across restarts of the watcher.
 
-The cap rule, shared by the pre-launch gate (``thrifty.estimate``), the watch loop and the node
-(``thrifty.meter``): a job is stopped while ``spend + burn x reserve <= max_usd``, where the
+The cap rule, shared by the pre-launch gate (``thrifty.money.estimate``), the watch loop and the node
+(``thrifty.money.meter``): a job is stopped while ``spend + burn x reserve <= max_usd``, where the
 reserve covers everything billed after the decision: until the next look (one poll interval)
 and the stop itself (``stop_margin_s``, after which the stop is made a hard one).
 """
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from thrifty.config import BudgetConfig, RunConfig
-from thrifty.ledger import Attempt
-from thrifty.pricing import find_instance
+from thrifty.money.ledger import Attempt
+from thrifty.money.pricing import find_instance
 
 STOP_MARGIN_DEFAULT_S = {"local": 30.0, "skypilot": 240.0}  # budget.stop_margin_s when null
 # billed after a stop is decided and the trainer is told, until the nodes are gone: the part of stop_margin_s the
