@@ -23,6 +23,7 @@ os.environ.update(
         # so a test that did not start one gets "no answer" at once and falls back, never the internet
         "THRIFTY_AZURE_PRICES_URL": "http://127.0.0.1:9/api/retail/prices",
         "AWS_ENDPOINT_URL_EC2": "http://127.0.0.1:9",
+        "AWS_ENDPOINT_URL_STS": "http://127.0.0.1:9",  # SkyPilot's AWS catalog asks STS who the caller is
     }
 )
 

@@ -60,21 +60,21 @@ def kubernetes_quote(cfg: RunConfig, accelerator: str) -> Quote:
 
 
 def candidate_prices(cfg: RunConfig) -> LivePrices:
-    """The chain the candidates are priced by: live unless ``budget.prices`` is table, cached in the run's store."""
-    store = None
-    if cfg.budget.prices != "table":
-        try:
-            from thrifty.storage import open_store
+    """The chain cloud candidates are priced by (``budget.prices`` auto or live), cached in the run's store."""
+    try:
+        from thrifty.storage import open_store
 
-            store = open_store(cfg.store)
-        except Exception:  # a store this machine cannot open: prices are read without the shared cache
-            store = None
-    return LivePrices(store, cfg.budget.spot_price_max_age_s, mode="table" if cfg.budget.prices == "table" else "live")
+        store = open_store(cfg.store)
+    except Exception:  # a store this machine cannot open: prices are read without the shared cache
+        store = None
+    return LivePrices(store, cfg.budget.spot_price_max_age_s)  # a candidate is a cloud's: live (auto) it is
 
 
 def candidates(cfg: RunConfig, source: str = "auto", live: LivePrices | None = None) -> tuple[list[Candidate], list[str]]:
     """Priced candidates, cheapest first, and notes on the combinations left out (not offered or unpriced)."""
     c = cfg.compute
+    if source == "auto" and cfg.budget.prices == "table":
+        source = "offline"  # the shipped table only, as budget.prices says
     if live is None and source == "auto":
         live = candidate_prices(cfg)
     markets = [True, False] if c.use_spot and c.on_demand_fallback else [c.use_spot]

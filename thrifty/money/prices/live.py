@@ -110,10 +110,10 @@ class LivePrices:
         known = [p for p in (cached, fallback) if p is not None and p.live]
         if known:  # nothing could be read now: the newest live price, saying how old it is
             return max(known, key=lambda p: p.fetched_unix)
+        if fallback is not None:  # what the caller was given (a catalog's price, or the table's, dated)
+            return fallback
         point = self.table.lookup(key, self.clock())
         if point is not None:
             return point
-        if fallback is not None:
-            return fallback
         raise PricingError(f"no price for {key.cloud}:{key.instance} ({key.market}) from any source "
                            f"({'; '.join(self.failures) or 'none knows it'}) nor in the offline table")
