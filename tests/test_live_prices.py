@@ -369,8 +369,8 @@ def test_the_identity_probe_reads_the_zone(monkeypatch):
 @pytest.mark.slow
 def test_a_price_that_doubles_mid_run_stops_the_real_job_earlier_and_under_the_cap(azure_prices, tmp_path):
     """The local launcher emulates an Azure T4 spot VM at its live price (the Retail Prices stand-in); the training
-    program meters itself at the same source, reading it every second. $0.02 lasts 90 s at $0.80/h; once the job
-    trains, the price doubles. The node stops itself at the cap well before 90 s, with a checkpoint, and the bill at
+    program meters itself at the same source, reading it every second. $0.02 lasts 90 s at $0.80/h; once the node
+    has booted and priced itself, the price doubles. The node stops itself at the cap well before 90 s, with a checkpoint, and the bill at
     the prices in force in each interval (the stand-in's history) is <= max_usd, as are the ledger and the node's
     record, each of which priced the change."""
     from thrifty.launchers.local import LocalLauncher
@@ -390,8 +390,7 @@ def test_a_price_that_doubles_mid_run_stops_the_real_job_earlier_and_under_the_c
     job = launcher.submit(cfg)
     store = open_store(str(store_dir))
     deadline = time.time() + 240
-    while not any('"loss"' in p.read_text() for p in (store_dir / "runs" / "doubling" / "metrics").glob("*.jsonl")
-                  ) if (store_dir / "runs" / "doubling" / "metrics").is_dir() else True:
+    while not read_meters(store, "doubling"):  # the node has booted and priced itself: now the price doubles
         assert time.time() < deadline and not launcher.status(job).state.terminal, launcher.status(job).message
         time.sleep(0.2)
     flip = azure_prices.set(T4, "eastus", spot=True, usd=2 * p0)
