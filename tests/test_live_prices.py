@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from tasks.budget import estimate_for  # imports Prefect: here, not under a test's captured output
 from thrifty.config import build_config
 from thrifty.money.ledger import Attempt, MeterRecord, read_attempts, read_meters, reconcile, write_job_attempts
-from thrifty.money.meter import NodeMeter, Price, prices_env
+from thrifty.money.meter import NodeIdentity, NodeMeter, Price, prices_env
 from thrifty.money.prices import LivePrices, PriceKey, price_mode
 from thrifty.money.prices.aws import Ec2SpotPrices
 from thrifty.money.prices.azure import AzureRetailPrices
@@ -217,7 +218,7 @@ def test_meter_stops_earlier_when_the_price_doubles_and_spend_stays_under_the_ca
     assert merged.segments and merged.cost_usd() == pytest.approx(attempt.cost_usd())
 
 
-def test_a_node_that_cannot_tell_what_it_is_keeps_the_dearest_candidate(azure_prices, tmp_path):
+def test_a_node_that_cannot_tell_what_it_is_keeps_the_dearest_candidate_and_one_that_can_meters_itself(azure_prices, tmp_path):
     azure_prices.set(T4, "eastus", spot=True, usd=9.9)
     cfg = build_config({"run_name": "unknown", "store": str(tmp_path), "compute": {"launcher": "skypilot"},
                         "budget": {"prices": "live"}})
@@ -225,6 +226,12 @@ def test_a_node_that_cannot_tell_what_it_is_keeps_the_dearest_candidate(azure_pr
                                    Price("aws", "g4dn.xlarge", True, 0.3, "T4:1", "y", "us-east-1")])}
     meter = NodeMeter.from_env(open_store(str(tmp_path)), cfg, env)  # no identity probe: it cannot tell
     assert meter.repricer is None and meter.rate == 0.3 and "dearest" in meter.price_note
+    # SkyPilot picked a size no candidate named: the node meters what it is, at that size's own price
+    azure_prices.set("Standard_NC8as_T4_v3", "eastus", spot=True, usd=0.45)
+    bigger = NodeMeter.from_env(open_store(str(tmp_path)), cfg, env, identify=lambda _env: NodeIdentity(
+        "azure", "Standard_NC8as_T4_v3", True, "eastus", "2"))
+    assert bigger.rate == 0.45 and bigger.price.instance == "Standard_NC8as_T4_v3" and "no candidate" in \
+        bigger.price_note
 
 
 # ---------------------------------------------------------------- the watch loop prices what it sees, hourly
@@ -269,9 +276,7 @@ def azure_cfg(tmp_path, **budget):
                                      "on_demand_fallback": True}, "budget": budget})
 
 
-def test_the_gate_and_the_ranking_use_the_freshest_price_and_say_where_it_came_from(azure_prices, tmp_path, capsys):
-    from tasks.budget import estimate_for
-    from thrifty.cli import main
+def test_the_gate_and_the_ranking_use_the_freshest_price_and_say_where_it_came_from(azure_prices, tmp_path):
     from thrifty.money.estimate import OverBudgetPlan, gate, smallest_budget_usd
     from thrifty.launchers.skypilot import candidates, plan_text, task_config
     from thrifty.results import PrepResult, SmokeResult
@@ -305,6 +310,13 @@ def test_the_gate_and_the_ranking_use_the_freshest_price_and_say_where_it_came_f
     with pytest.raises(OverBudgetPlan, match=r"at \$0\.111/h from Azure Retail Prices API \(eastus"):
         gate(estimate, smallest * 1.01, False, 0.0, 10)  # the refusal says which price it used, and from where
 
+
+
+def test_thrifty_prices_shows_the_freshest_price_and_numbers_its_sources(azure_prices, capsys):
+    from thrifty.cli import main
+
+    azure_prices.set(T4, "eastus", spot=True, usd=0.111)
+    azure_prices.set(T4, "eastus", spot=False, usd=0.444)
     assert main(["prices", "-a", "T4", "--cloud", "azure"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if T4 in line)

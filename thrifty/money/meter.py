@@ -96,15 +96,22 @@ def match(prices: list[Price], node: NodeIdentity) -> tuple[Price, str, bool]:
                   f"{'spot' if pick.spot else 'on-demand'}): the node did not say enough to tell"), False
 
 
-def node_repricer(store: Store, cfg: RunConfig, price: Price, node: NodeIdentity,
+def node_repricer(store: Store, cfg: RunConfig, price: Price, node: NodeIdentity, exact: bool,
                   clock: Callable[[], float]) -> Repricer | None:
-    """The node's own price in its own zone, read at boot and again while it trains; None with table prices, on a
-    Kubernetes pod (its rate is the user's) or when the node could not tell which candidate it is."""
+    """The node's own price in its own zone, read at boot and again while it trains: the candidate it is, or (AWS,
+    Azure: the type names the GPUs) the instance it reports when SkyPilot picked one no candidate named, the
+    dearest candidate its fallback. None with table prices, on a Kubernetes pod (its rate is the user's) or when
+    the node could not tell what it is."""
     live = LivePrices.for_config(cfg, store, clock=clock)
     if not live.live or price.cloud == "kubernetes":
         return None
-    key = PriceKey(price.cloud, price.instance, price.spot, node.region or price.region or None, node.zone,
-                   price.accelerator)
+    if exact:
+        key = PriceKey(price.cloud, price.instance, price.spot, node.region or price.region or None, node.zone,
+                       price.accelerator)
+    elif node.cloud in ("aws", "azure") and node.instance and node.spot is not None and node.region:
+        key = PriceKey(node.cloud, node.instance, node.spot, node.region, node.zone)
+    else:
+        return None
     return Repricer(live, key, price.point(), clock)
 
 
@@ -169,7 +176,12 @@ class NodeMeter:
             node = identify(env) if identify is not None else NodeIdentity(None)
         price, note, exact = match(prices, node)
         nodes = int(env.get("SKYPILOT_NUM_NODES") or cfg.compute.num_nodes)
-        repricer = node_repricer(store, cfg, price, node, clock) if exact else None
+        repricer = node_repricer(store, cfg, price, node, exact, clock)
+        if repricer is not None and not exact:  # an instance no candidate named: metered as what it is
+            key = repricer.key
+            note = (f"{key.cloud} {key.instance} {'spot' if key.spot else 'on-demand'}, as this node reports (no "
+                    f"candidate named it; ${price.usd_per_hour:.4f}/h, the dearest, if its price cannot be read)")
+            price = replace(price, cloud=key.cloud, instance=key.instance, spot=key.spot, accelerator="")
         return cls(store, cfg, job_id, price, note, nodes, started, clock, repricer, node)
 
     # ------------------------------------------------------------ the price in force
