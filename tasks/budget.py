@@ -15,6 +15,7 @@ from thrifty.results import PrepResult, SmokeResult
 from thrifty.usercode.script import is_script, script_total_steps
 from thrifty.storage import open_store
 from thrifty.money.throughput import measured_speeds, speed_key, speeds_for
+from thrifty.spot.deadline_run import deadline_moves, market_config
 
 
 def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Estimate:
@@ -41,6 +42,8 @@ def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Est
         speeds = speeds_for(names, measured_speeds(store, speed_key(config)), 1.0 / per_example_s) if names else None
         ranking = ranked_candidates(config, speeds=speeds, examples=(total - done) * examples_per_step)
         winner = ranking.winner.candidate
+        if deadline_moves(config):  # the deadline policy may move the run to on-demand: one must make it in time
+            on_demand_can_finish(config, speeds, (total - done) * examples_per_step)
         quote, accelerator, why = winner.quote, winner.accelerator, ranking.why()
     estimate = estimate_run(total - done, per_example_s, examples_per_step, quote.usd_per_hour, c.num_nodes,
                             accelerator, c.launcher, quote.source, total_steps=total, speeds=speeds, choice=why)
@@ -69,3 +72,14 @@ def budget_gate(config: RunConfig, prep: PrepResult, smoke: SmokeResult, poll_s:
     b = config.budget
     gate(estimate, b.max_usd, b.allow_over_budget, reserve, config.train.checkpoint_every, spent)
     return estimate
+
+
+def on_demand_can_finish(config: RunConfig, speeds, examples: float) -> None:
+    """ConfigError unless an on-demand candidate can finish what is left within ``compute.deadline_h``: the deadline
+    policy's last resort (the spot candidates alone cannot promise a deadline)."""
+    from thrifty.launchers.skypilot import ranked_candidates
+
+    try:
+        ranked_candidates(market_config(config, "on_demand"), speeds=speeds, examples=examples)
+    except ConfigError as exc:
+        raise ConfigError(f"on-demand, the deadline policy's fallback: {exc}") from None

@@ -19,6 +19,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from tasks.alerts import BudgetGuard
+from tasks.deadline import DeadlineWatch
 from tasks.errors import fails_quietly
 from thrifty.runs import checkpoints, lease
 from thrifty.money.budget import spend_usd, stop_margin_s
@@ -224,15 +225,23 @@ def launch_and_watch(config: RunConfig, estimate: Estimate | None = None, poll_s
         reattached = job_id is not None
         earlier = [a for a in read_attempts(store, run_id) if a.job_id != job_id]  # the budget is per run
         since = time.time()
+
+        def submit(cfg: RunConfig) -> str:
+            new = launcher.submit(cfg, env={ENV_LEASE_TOKEN: held.token}, estimate=estimate)
+            held.attach(new)
+            return new
+
+        deadline = DeadlineWatch.begin(config, store, estimate, logger, job_id, submit)  # None without a deadline
         if job_id is None:
-            job_id = launcher.submit(config, env={ENV_LEASE_TOKEN: held.token}, estimate=estimate)
+            job_id = deadline.launch() if deadline else launcher.submit(config, env={ENV_LEASE_TOKEN: held.token},
+                                                                        estimate=estimate)
             logger.info("submitted job %s (%s launcher)", job_id, config.compute.launcher)
         else:
             logger.warning("re-attached to job %s of run %s, which an earlier flow run started and no one was "
                            "watching; no second job is rented", job_id, run_id)
         held.attach(job_id)
         guard = BudgetGuard(config, store, run_id, logger, estimate, poll_s)
-        return watch(config, store, launcher, job_id, guard, earlier, since, poll_s, reattached, logger)
+        return watch(config, store, launcher, job_id, guard, earlier, since, poll_s, reattached, logger, deadline)
     finally:
         _stop_requested(run_id)  # one that came as the job ended is spent: it must not stop the run's next job
         beat.stop()
@@ -240,8 +249,10 @@ def launch_and_watch(config: RunConfig, estimate: Estimate | None = None, poll_s
 
 
 def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guard: BudgetGuard,
-          earlier: list[Attempt], since: float, poll_s: float, reattached: bool, logger: Any) -> JobOutcome:
-    """Poll the job to its end. The job's status comes first: a job that has ended is never called over budget."""
+          earlier: list[Attempt], since: float, poll_s: float, reattached: bool, logger: Any,
+          deadline: DeadlineWatch | None = None) -> JobOutcome:
+    """Poll the job to its end. The job's status comes first: a job that has ended is never called over budget.
+    With a ``deadline``, its policy may move the run between spot and on-demand: a graceful stop, a new job."""
     run_id = config.run_name
     steps_note, money_note = progress_notes("starting", 0.0, config.budget.max_usd)
     progress_id = create_progress_artifact(0.0, description=steps_note)
@@ -298,6 +309,19 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
                 status = _wait_terminal(launcher, job_id, margin + 10.0)
                 stopped_at_cap = True
                 break
+            move = deadline.poll(job_id, status, records, earlier, guard.gap_s) if deadline else None
+            if move is not None:  # the job checkpoints and ends; one on the other market resumes from there
+                timer.disarm()
+                launcher.cancel(job_id)
+                status = _wait_terminal(launcher, job_id, config.compute.stop_checkpoint_timeout_s + 30.0)
+                record(store, run_id, status)
+                said.attempts(status.attempts)
+                if status.state is JobState.SUCCEEDED or not status.state.terminal:
+                    break  # it finished meanwhile (or would not stop): nothing to move
+                earlier = earlier + status.attempts
+                job_id = deadline.moved(move, status)
+                timer, recorded = CapTimer(launcher, job_id, margin, logger), None
+                continue
             timer.fired.wait(poll_s)  # a poll interval, cut short when the timer stops the job
     except BaseException:
         timer.disarm()
