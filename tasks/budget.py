@@ -71,15 +71,29 @@ def budget_gate(config: RunConfig, prep: PrepResult, smoke: SmokeResult, poll_s:
                 estimate.usd_per_hour, estimate.assumption, reserve, spent)
     b = config.budget
     gate(estimate, b.max_usd, b.allow_over_budget, reserve, config.train.checkpoint_every, spent)
+    worst = on_demand_usd(config, estimate) if deadline_moves(config) else None
+    if worst is not None and spent + worst > b.max_usd:
+        logger.warning("deadline: should the policy move the whole run to on-demand, it costs ~$%.4f more, over "
+                       "budget.max_usd $%g with what was spent: the cap would stop it before its deadline", worst,
+                       b.max_usd)
     return estimate
 
 
-def on_demand_can_finish(config: RunConfig, speeds, examples: float) -> None:
+def on_demand_can_finish(config: RunConfig, speeds, examples: float) -> float | None:
     """ConfigError unless an on-demand candidate can finish what is left within ``compute.deadline_h``: the deadline
-    policy's last resort (the spot candidates alone cannot promise a deadline)."""
+    policy's last resort (the spot candidates alone cannot promise a deadline). What the cheapest one costs (None
+    without a runtime)."""
     from thrifty.launchers.skypilot import ranked_candidates
 
     try:
-        ranked_candidates(market_config(config, "on_demand"), speeds=speeds, examples=examples)
+        return ranked_candidates(market_config(config, "on_demand"), speeds=speeds, examples=examples).winner.usd
     except ConfigError as exc:
         raise ConfigError(f"on-demand, the deadline policy's fallback: {exc}") from None
+
+
+def on_demand_usd(config: RunConfig, estimate: Estimate) -> float | None:
+    """What the rest of the run costs should the deadline policy move all of it to on-demand."""
+    c = config.compute
+    if c.launcher == "local":
+        return estimate.hours * quote_emulated(c.emulate, False).usd_per_hour * c.num_nodes
+    return on_demand_can_finish(config, estimate.speeds, estimate.steps * config.train.examples_per_step(world_size(config)))

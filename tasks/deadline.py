@@ -38,6 +38,7 @@ class DeadlineWatch:
         self.step_s = estimate.step_s if estimate and estimate.step_s > 0 else None  # until the job measures its own
         self.misses = 0  # moves to spot in a row that found no capacity
         self.trying = False  # moved to spot, no capacity found yet
+        self.pending: Move | None = None  # announced, its job not yet stopped
 
     @classmethod
     def begin(cls, config: RunConfig, store: Store, estimate: Estimate | None, logger: Any, live_job: str | None,
@@ -70,7 +71,9 @@ class DeadlineWatch:
     # ------------------------------------------------------------ each poll
     def poll(self, job_id: str, status: JobStatus, records: list[dict[str, Any]], earlier: list[Attempt],
              gap_s: float) -> Move | None:
-        """The move the policy wants now (logged and evented), or None to stay."""
+        """The move the policy wants now (logged and evented once), or None to stay."""
+        if self.pending is not None and self.pending.from_job == job_id:
+            return self.pending  # announced; its job is still stopping
         state = self.state(job_id, status, records, earlier, gap_s)
         if state is None:
             return None
@@ -79,7 +82,8 @@ class DeadlineWatch:
         decision = decide(self.record.policy, state, margins)
         if decision.market == state.market:
             return None
-        return self._announce(job_id, state, decision, latest_progress(records).get("step"))
+        self.pending = self._announce(job_id, state, decision, latest_progress(records).get("step"))
+        return self.pending
 
     def state(self, job_id: str, status: JobStatus, records: list[dict[str, Any]], earlier: list[Attempt],
               gap_s: float) -> DeadlineState | None:
@@ -135,6 +139,7 @@ class DeadlineWatch:
             self.misses += 1  # back on on-demand without having found spot
         self.trying = move.to_market == "spot"
         job_id = self.launch(move.to_market)
+        self.pending = None
         self.record = self.record.with_move(move.model_copy(update={"to_job": job_id}))
         write_record(self.store, self.config.run_name, self.record)
         self.logger.info("deadline: job %s (%s) resumes run %s from its checkpoint; job %s ended %s",

@@ -22,7 +22,7 @@ from tasks.alerts import BudgetGuard
 from tasks.deadline import DeadlineWatch
 from tasks.errors import fails_quietly
 from thrifty.runs import checkpoints, lease
-from thrifty.money.budget import spend_usd, stop_margin_s
+from thrifty.money.budget import TEARDOWN_S, spend_usd, stop_margin_s
 from thrifty.config import ConfigError, RunConfig
 from thrifty.money.estimate import Estimate
 from thrifty.launchers import JobState, JobStatus, LaunchError, Launcher, make_launcher
@@ -313,11 +313,15 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
             if move is not None:  # the job checkpoints and ends; one on the other market resumes from there
                 timer.disarm()
                 launcher.cancel(job_id)
-                status = _wait_terminal(launcher, job_id, config.compute.stop_checkpoint_timeout_s + 30.0)
+                status = _wait_terminal(launcher, job_id, config.compute.stop_checkpoint_timeout_s
+                                        + TEARDOWN_S[config.compute.launcher] + 30.0)
                 record(store, run_id, status)
                 said.attempts(status.attempts)
-                if status.state is JobState.SUCCEEDED or not status.state.terminal:
-                    break  # it finished meanwhile (or would not stop): nothing to move
+                if status.state is JobState.SUCCEEDED:
+                    break  # it finished meanwhile: nothing left to move
+                if not status.state.terminal:  # still tearing down: the next poll asks again and waits on
+                    logger.warning("deadline: job %s has not ended yet; the move waits for it", job_id)
+                    continue
                 earlier = earlier + status.attempts
                 job_id = deadline.moved(move, status)
                 timer, recorded = CapTimer(launcher, job_id, margin, logger), None

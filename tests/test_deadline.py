@@ -375,3 +375,12 @@ def test_the_gate_refuses_a_deadline_no_on_demand_candidate_can_make():
     with pytest.raises(ConfigError, match="on-demand, the deadline policy's fallback: 'compute.deadline_h': no "
                                           "candidate can finish the run within 0.1 h"):
         on_demand_can_finish(cloud_cfg(deadline_h=0.1), speeds, examples)
+
+
+def test_the_gate_prices_the_whole_run_on_demand_for_its_budget_warning():
+    from tasks.budget import on_demand_usd
+    from thrifty.money.estimate import Estimate
+
+    cfg = build_config({"compute": {"emulate": "aws:p3.2xlarge", "deadline_h": 5.0}})
+    estimate = Estimate(usd=0.918 * 2, hours=2.0, steps=100, usd_per_hour=0.918, assumption="a test")
+    assert on_demand_usd(cfg, estimate) == pytest.approx(2.0 * P3_OD)

@@ -139,9 +139,8 @@ def decide(policy: str, state: DeadlineState, margins: Margins) -> Decision:
     if want and not on_od:
         return Decision(market, f"no spot capacity and behind the uniform line: {where}")
     if not want and on_od:
-        return Decision(market, f"ahead of the uniform line by {_h(s.ahead_s)} (hysteresis "
-                                f"{_h(float(hysteresis_s(margins, s.misses)))}) with slack for a changeover there and back: "
-                                f"back to spot; {where}")
+        return Decision(market, f"back to spot: {where} (hysteresis {_h(float(hysteresis_s(margins, s.misses)))}), "
+                                "slack for a changeover there and back")
     return Decision(market, f"stay on {market.replace('_', '-')}: {where}")
 
 
