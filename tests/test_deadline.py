@@ -252,11 +252,11 @@ def test_preflight_reads_the_spot_trace_before_anything_is_spent(tmp_path):
 def test_the_node_pace_hook_holds_a_step_to_the_pace(monkeypatch):
     from thrifty.faults import pace
 
-    monkeypatch.setenv("THRIFTY_STEP_PACE_S", "0.05")
+    monkeypatch.setenv("THRIFTY_MIN_STEP_S", "0.05")
     t0 = time.perf_counter()
     pace(t0)
     assert time.perf_counter() - t0 >= 0.05
-    monkeypatch.delenv("THRIFTY_STEP_PACE_S")
+    monkeypatch.delenv("THRIFTY_MIN_STEP_S")
     t0 = time.perf_counter()
     pace(t0)
     assert time.perf_counter() - t0 < 0.05

@@ -2,7 +2,7 @@
 moves it to on-demand, back to spot once ahead, and it finishes before the deadline, every attempt in the ledger and
 its spend under the cap.
 
-Speed-independent: the node trains at a fixed pace (``THRIFTY_STEP_PACE_S``, one step per 50 ms whatever the
+Speed-independent: the node trains at a fixed pace (``THRIFTY_MIN_STEP_S``, one step per 50 ms whatever the
 machine), the availability trace is in seconds from the run's first job, and the outage is long enough that every
 path through it (a fast or a slow start-up, a first move back that finds spot still gone) ends the same way.
 """
@@ -30,7 +30,7 @@ OUTAGE = (8, 40)  # spot capacity gone from the 8th to the 40th second of the ru
 
 def test_spot_goes_away_the_run_moves_to_on_demand_and_back_and_meets_its_deadline(prefect_harness, tmp_path,
                                                                                    monkeypatch):
-    monkeypatch.setenv("THRIFTY_STEP_PACE_S", str(PACE_S))
+    monkeypatch.setenv("THRIFTY_MIN_STEP_S", str(PACE_S))
     store = tmp_path / "store"
     trace = [1] * OUTAGE[0] + [0] * (OUTAGE[1] - OUTAGE[0]) + [1]
     cfg = build_config({
@@ -56,6 +56,7 @@ def test_spot_goes_away_the_run_moves_to_on_demand_and_back_and_meets_its_deadli
     jobs = {j.job_id: j.market for j in record.jobs}
     assert {a.job_id for a in attempts} <= set(jobs) and len(jobs) == len(record.moves) + 1
     assert all(a.spot == (jobs[a.job_id] == "spot") and a.ended_unix for a in attempts)
+    assert {(a.spot, a.usd_per_hour) for a in attempts} == {(True, 0.918), (False, 3.06)}  # p3.2xlarge, each market
     markets = [a.spot for a in attempts]
     assert markets[0] and not all(markets) and markets[-1], markets
     assert out.job.run_spend_usd <= cfg.budget.max_usd
