@@ -134,19 +134,19 @@ class AttemptLog:
 
     def __init__(self, logger: Any):
         self.logger = logger
-        self.ended: set[int] = set()
-        self.started: set[int] = set()
+        self.ended: set[tuple[str, int]] = set()  # (job, attempt): a deadline's move starts a job at attempt 1 again
+        self.started: set[tuple[str, int]] = set()
         self.resumes: set[float] = set()
 
     def attempts(self, attempts: list[Attempt]) -> None:
         for a in attempts:
-            if a.number not in self.started:
-                self.started.add(a.number)
+            if (a.job_id, a.number) not in self.started:
+                self.started.add((a.job_id, a.number))
                 if a.number > 1:
                     self.logger.warning("attempt %d started on %s %s (%s): the job recovers after attempt %d",
                                         a.number, a.cloud, a.instance, "spot" if a.spot else "on-demand", a.number - 1)
-            if a.ended_unix is not None and a.number not in self.ended:
-                self.ended.add(a.number)
+            if a.ended_unix is not None and (a.job_id, a.number) not in self.ended:
+                self.ended.add((a.job_id, a.number))
                 level = logging.WARNING if a.end_reason in ("preempted", "failed") else logging.INFO
                 self.logger.log(level, "attempt %d ended: %s (exit code %s) after %.1f min, $%.5f",
                                 a.number, a.end_reason, a.exit_code, a.hours() * 60, a.cost_usd())

@@ -29,7 +29,7 @@ OUTAGE = (8, 40)  # spot capacity gone from the 8th to the 40th second of the ru
 
 
 def test_spot_goes_away_the_run_moves_to_on_demand_and_back_and_meets_its_deadline(prefect_harness, tmp_path,
-                                                                                   monkeypatch):
+                                                                                   monkeypatch, caplog):
     monkeypatch.setenv("THRIFTY_MIN_STEP_S", str(PACE_S))
     store = tmp_path / "store"
     trace = [1] * OUTAGE[0] + [0] * (OUTAGE[1] - OUTAGE[0]) + [1]
@@ -61,6 +61,10 @@ def test_spot_goes_away_the_run_moves_to_on_demand_and_back_and_meets_its_deadli
     assert markets[0] and not all(markets) and markets[-1], markets
     assert out.job.run_spend_usd <= cfg.budget.max_usd
     assert any(a.end_reason == "preempted" for a in attempts), "the outage preempted the first spot attempt"
+    logged = caplog.text  # the flow run's log: each move, and every job's attempts (each starts at 1)
+    assert "deadline: run deadline: spot -> on-demand" in logged and "deadline: run deadline: on-demand -> spot" in logged
+    assert "attempt 1 ended: preempted" in logged and "attempt 1 ended: cancelled" in logged
+    assert "attempt 1 ended: succeeded" in logged
     summary = asyncio.run(_artifact("thrifty-summary-deadline")).data  # the report: each market, the deadline met
     assert "| markets | spot " in summary and " on-demand " in summary
     assert "| deadline | 2.5 min (uniform_progress): finished in" in summary and "before it; moves: spot -> on-demand" in summary
