@@ -132,6 +132,13 @@ class DeadlineWatch:
                          "reason": decision.reason}, self.logger)
         return move
 
+    def stopped_for_move(self, job_id: str, status: JobStatus) -> Move | None:
+        """The move ``job_id`` was stopped for, now that it has ended cancelled; None for any other end (it finished,
+        failed, or was stopped for another reason)."""
+        if self.pending is not None and self.pending.from_job == job_id and status.state is JobState.CANCELLED:
+            return self.pending
+        return None
+
     def moved(self, move: Move, stopped: JobStatus) -> str:
         """The old job has stopped (``stopped``, checkpoint kept): submit the job on the other market, record the move;
         its id."""

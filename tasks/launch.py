@@ -273,7 +273,13 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
                 recorded = status.attempts
                 said.attempts(status.attempts)
             if status.state.terminal:
-                break
+                move = deadline.stopped_for_move(job_id, status) if deadline else None
+                if move is None:
+                    break
+                earlier = earlier + status.attempts  # stopped for the deadline: one on the other market resumes
+                job_id = deadline.moved(move, status)
+                timer, recorded = CapTimer(launcher, job_id, margin, logger), None
+                continue
             records = read_metrics(store, run_id, since_unix=since)
             said.metrics(records)
             progress = latest_progress(records)
@@ -309,22 +315,12 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
                 status = _wait_terminal(launcher, job_id, margin + 10.0)
                 stopped_at_cap = True
                 break
-            move = deadline.poll(job_id, status, records, earlier, guard.gap_s) if deadline else None
-            if move is not None:  # the job checkpoints and ends; one on the other market resumes from there
-                timer.disarm()
+            if deadline and deadline.poll(job_id, status, records, earlier, guard.gap_s):
+                timer.disarm()  # the job checkpoints and ends (the move is made once it has: above)
                 launcher.cancel(job_id)
-                status = _wait_terminal(launcher, job_id, config.compute.stop_checkpoint_timeout_s
-                                        + TEARDOWN_S[config.compute.launcher] + 30.0)
-                record(store, run_id, status)
-                said.attempts(status.attempts)
-                if status.state is JobState.SUCCEEDED:
-                    break  # it finished meanwhile: nothing left to move
-                if not status.state.terminal:  # still tearing down: the next poll asks again and waits on
+                if not _wait_terminal(launcher, job_id, config.compute.stop_checkpoint_timeout_s
+                                      + TEARDOWN_S[config.compute.launcher] + 30.0).state.terminal:
                     logger.warning("deadline: job %s has not ended yet; the move waits for it", job_id)
-                    continue
-                earlier = earlier + status.attempts
-                job_id = deadline.moved(move, status)
-                timer, recorded = CapTimer(launcher, job_id, margin, logger), None
                 continue
             timer.fired.wait(poll_s)  # a poll interval, cut short when the timer stops the job
     except BaseException:

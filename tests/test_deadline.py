@@ -337,10 +337,14 @@ def test_the_watch_moves_a_skypilot_spot_job_to_an_on_demand_managed_job_and_bac
     assert move.to_market == "on_demand" and "behind the uniform line" in move.reason
     assert events[-1]["event"] == "thrifty.deadline.switch" and events[-1]["payload"]["to_market"] == "on_demand"
 
+    assert watch.poll(job, status, records, [], 1.0) is move, "announced once; the same move until its job ends"
     launcher.cancel(job)  # what the watch loop does before the move (nothing running: no checkpoint to wait for)
+    assert watch.stopped_for_move(job, launcher.status(job)) is None  # CANCELLING: not ended yet
     fake.set(7, status="CANCELLED")
     fake.next_id = 8
-    od_job = watch.moved(move, launcher.status(job))
+    stopped = launcher.status(job)
+    assert watch.stopped_for_move(job, stopped) is move and len(events) == 1
+    od_job = watch.moved(move, stopped)
     od_task, _ = fake.launched[-1]
     assert od_job == "sky-8" and {r.use_spot for r in od_task.resources} == {False}
 
