@@ -98,5 +98,6 @@ def on_demand_usd(config: RunConfig, estimate: Estimate) -> float | None:
     """What the rest of the run costs should the deadline policy move all of it to on-demand."""
     c = config.compute
     if c.launcher == "local":
-        return estimate.hours * quote_emulated(c.emulate, False).usd_per_hour * c.num_nodes
+        on_demand = emulated_quote(c.emulate, False, LivePrices.for_config(config, open_store(config.store)))
+        return estimate.hours * on_demand.usd_per_hour * c.num_nodes
     return on_demand_can_finish(config, estimate.speeds, estimate.steps * config.train.examples_per_step(world_size(config)))
