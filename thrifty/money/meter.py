@@ -196,6 +196,7 @@ class NodeMeter:
         self.end = self.end or end
         ok = self._sync.close(self._record(self.clock() + (wait_s or 0.0), self.end), wait_s)
         if not ok:
+            self._sync.keep(self._record(self.clock(), self.end))  # here, the end as of now: the process ends now
             log.warning("budget meter: the store did not take the final record; it is kept on this machine and written "
                         "to the store at the next look from here (the next attempt, `thrifty report`)")
         return ok

@@ -109,7 +109,8 @@ class RecordSync:
         self._closing = False
         self._thread: threading.Thread | None = None
 
-    def _keep(self, record: MeterRecord) -> None:
+    def keep(self, record: MeterRecord) -> None:
+        """On this machine only."""
         try:
             keep(self.store, self.run_id, record)
         except OSError as exc:  # this machine's disk: the store copy is still tried
@@ -127,16 +128,17 @@ class RecordSync:
 
     def put_now(self, record: MeterRecord) -> None:
         """Keep and put ``record`` on the calling thread (the first one: the run's spend must be known first)."""
-        self._keep(record)
+        self.keep(record)
         if self._put(record):
             self._done = record
 
     def offer(self, record: MeterRecord) -> None:
         """Keep ``record`` here and let the thread put it (a newer one offered meanwhile replaces it)."""
-        self._keep(record)
+        self.keep(record)
         with self._cv:
             self._pending = record
-            if self._thread is None:
+            self._closing = False
+            if self._thread is None or not self._thread.is_alive():  # (a second close: the first ended it)
                 self._thread = threading.Thread(target=self._serve, name="thrifty-meter-sync", daemon=True)
                 self._thread.start()
             self._cv.notify_all()
