@@ -185,3 +185,90 @@ def test_a_full_or_read_only_disk_is_named_and_ends_the_job_as_a_failure(small_d
     assert main(["--config", str(cfg)]) == EXIT_FAILED
     err = capsys.readouterr().err
     assert f"the store's disk is {kind}" in err and "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------------------------- the policy, in one place
+
+
+def test_a_checkpoint_write_that_retries_lets_training_carry_on(s3_proxy):
+    """The background write meets 503s and retries; meanwhile ``waiting_on_store`` tells the loop to train on rather
+    than wait for it at the next due save; the write lands once the store answers."""
+    import torch
+
+    from training.checkpoint import CheckpointManager
+    from training.ckpt_writer import CheckpointWriter
+
+    store = open_store(f"s3://{s3_proxy.bucket}/runs", retry_s=120)
+    writer = CheckpointWriter(CheckpointManager(store, "r", 2, "min"), background=True)
+    s3_proxy.proxy.mode = "503"
+    writer.save({"model": {"w": torch.zeros(4)}}, 10, None)
+    deadline = time.time() + 60
+    while not writer.waiting_on_store and time.time() < deadline:
+        time.sleep(0.05)
+    assert writer.waiting_on_store and writer.in_flight
+    s3_proxy.proxy.mode = "pass"
+    [written] = writer.close()
+    assert written.step == 10 and not writer.waiting_on_store
+    assert [c.step for c in CheckpointManager(store, "r", 2, "min").committed()] == [10]
+
+
+def test_every_backend_tells_a_passing_error_from_a_lasting_one():
+    """The one policy asks each backend's SDK errors: 5xx, throttling, resets and timeouts pass; denials do not."""
+    import requests
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ServiceRequestError
+    from botocore.exceptions import ClientError, ReadTimeoutError
+    from google.api_core import exceptions as gx
+
+    from thrifty.storage.azure import AzureStore
+    from thrifty.storage.gcs import GCSStore
+    from thrifty.storage.s3 import S3Store
+
+    def http(status: int) -> HttpResponseError:
+        exc = HttpResponseError(message=f"HTTP {status}")
+        exc.status_code = status
+        return exc
+
+    def s3(code: str, status: int) -> ClientError:
+        return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+
+    cases = {
+        S3Store: ([s3("SlowDown", 503), s3("InternalError", 500), s3("Throttling", 400),
+                   ReadTimeoutError(endpoint_url="http://x")], [s3("AccessDenied", 403), s3("NoSuchBucket", 404)]),
+        GCSStore: ([gx.ServiceUnavailable("x"), gx.TooManyRequests("x"), requests.ConnectionError("reset")],
+                   [gx.Forbidden("x"), gx.NotFound("x")]),
+        AzureStore: ([http(503), http(429), ServiceRequestError("refused")],
+                     [http(403), ClientAuthenticationError("bad key")]),
+    }
+    for cls, (passing, lasting) in cases.items():
+        store = cls.__new__(cls)  # no client: only the classification is asked
+        assert all(store._transient(e) for e in passing), cls
+        assert not any(store._transient(e) for e in lasting), cls
+
+
+def test_a_mounted_file_systems_stall_is_retried_too(tmp_path, monkeypatch):
+    """A file store on a network mount that answers EIO/ETIMEDOUT for a moment: the same retries as any store."""
+    store = open_store(str(tmp_path / "store"), retry_s=30)
+    store.put_bytes("runs/r/x.json", b"{}")
+    real = Path.read_bytes
+    stalls = [errno.EIO, errno.ETIMEDOUT]
+
+    def read_bytes(self):
+        if stalls:
+            raise OSError(stalls.pop(0), "stalled")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    met: list[str] = []
+    with on_retry(lambda op, exc: met.append(op)):
+        assert store.get_bytes("runs/r/x.json") == b"{}"
+    assert met == ["read", "read"]
+
+
+def test_a_flow_task_that_meets_a_lasting_outage_fails_with_its_words_not_as_bad_input():
+    from tasks.errors import BAD_INPUT, fails_quietly
+
+    def watch():
+        raise StoreUnavailable("store 's3://b/p': could not list runs/: it kept failing for 300 s (SlowDown)")
+
+    state = fails_quietly(watch)()
+    assert state.is_failed() and state.name != BAD_INPUT and "SlowDown" in state.message

@@ -106,7 +106,6 @@ class NodeMeter:
         self.store, self.cfg, self.job_id, self.price, self.nodes = store, cfg, job_id, price, nodes
         self.started_unix, self.clock, self.price_note = started_unix, clock, price_note
         self.rate = price.usd_per_hour * nodes  # $/hour of this job, every node
-        self._last_write = float("-inf")
         self._others_usd, self._others_burn, self._others_at = 0.0, 0.0, started_unix
         self._ledger_open_start: float | None = None
         self._sync = RecordSync(store, cfg.run_name, lambda: self._refresh(self.clock()))

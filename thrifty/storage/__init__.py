@@ -20,10 +20,10 @@ from thrifty.storage.file import FILE_ARCHIVE_AREA, FILE_ARCHIVE_CLASS, FileStor
 from thrifty.storage.object import DEFAULT_PART_SIZE_BYTES
 from thrifty.storage.retry import DEFAULT_RETRY_S, StoreUnavailable
 
-__all__ = ["COLD_CLASSES", "DEFAULT_PART_SIZE_BYTES", "DEFAULT_RETRY_S", "FILE_ARCHIVE_AREA", "FILE_ARCHIVE_CLASS", "PROBE_PREFIX",
-           "RESTORE_PRIORITIES", "Archived", "Conflict", "FileStore", "NotFound", "ObjectInfo", "RestoreStatus",
-           "Store", "StoreError", "StoreUnavailable", "atomic_write_bytes", "check_store", "fsync_dir", "is_cold", "join_key", "open_store",
-           "replace_atomically"]
+__all__ = ["COLD_CLASSES", "DEFAULT_PART_SIZE_BYTES", "DEFAULT_RETRY_S", "FILE_ARCHIVE_AREA", "FILE_ARCHIVE_CLASS",
+           "PROBE_PREFIX", "RESTORE_PRIORITIES", "Archived", "Conflict", "FileStore", "NotFound", "ObjectInfo",
+           "RestoreStatus", "Store", "StoreError", "StoreUnavailable", "atomic_write_bytes", "check_store", "fsync_dir",
+           "is_cold", "join_key", "open_store", "replace_atomically"]
 
 PROBE_PREFIX = "_thrifty"  # check_store writes (and removes) one small object here
 
