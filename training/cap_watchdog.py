@@ -5,7 +5,7 @@ The loop checks the cap at every step and stops with a checkpoint while the mone
 store that accepts connections and never answers, a data read stuck on a dead mount, a hung collective. This
 watchdog needs nothing but the clock and what the meter already knows (no store call, no lock the loop holds):
 when what was spent plus what the exit still bills reaches ``budget.max_usd``, it writes the meter's final record
-(on this machine at once, to the store if it answers within a second), and ends the process with ``EXIT_BUDGET``
+(on this machine at once, to the store if it answers within half a second), and ends the process with ``EXIT_BUDGET``
 (which no launcher restarts). The checkpoint kept is the last one committed.
 """
 
@@ -24,8 +24,9 @@ from thrifty.protocol import EXIT_BUDGET
 
 log = logging.getLogger("thrifty.train")
 
-TICK_S = 0.25  # how often the watchdog looks at the clock
-FLUSH_S = 1.0  # at the cap, the most the final record may wait for the store before the process ends
+TICK_S = 0.25  # how often the watchdog looks at the clock, at most
+FLUSH_S = 0.5  # at the cap, the most the final record may wait for the store before the process ends
+SLACK_S = 0.5  # a thread of a starved machine wakes late: the stop is decided this much earlier
 
 
 class CapWatchdog:
@@ -33,8 +34,8 @@ class CapWatchdog:
 
     def __init__(self, meter: NodeMeter, end: Callable[[int], None] = os._exit, tick_s: float = TICK_S):
         self.meter, self._end, self.tick_s = meter, end, tick_s
-        # billed after the decision: the wait for the record, the exit, the nodes' teardown, and one tick late
-        self.exit_s = FLUSH_S + TEARDOWN_S[meter.cfg.compute.launcher] + tick_s
+        # billed after the decision: the wait for the record, the exit, the nodes' teardown, a tick and a late wake-up
+        self.exit_s = FLUSH_S + TEARDOWN_S[meter.cfg.compute.launcher] + tick_s + SLACK_S
         self._stop = threading.Event()
         self.fired = threading.Event()
         self._thread = threading.Thread(target=self._run, name="thrifty-cap-watchdog", daemon=True)
@@ -55,10 +56,19 @@ class CapWatchdog:
         return m.spend_usd(now) + m.burn_usd_per_hour() * self.exit_s / 3600.0 >= m.cfg.budget.max_usd
 
     def _run(self) -> None:
-        while not self._stop.wait(self.tick_s):
+        while not self._stop.wait(self._sleep_s()):
             if self.due():
                 self._fire()
                 return
+
+    def _sleep_s(self) -> float:
+        """Until the stop is due at the present burn, a tick at most (the burn may change: other jobs of the run)."""
+        m = self.meter
+        burn = m.burn_usd_per_hour()
+        if burn <= 0:
+            return self.tick_s
+        left_s = (m.cfg.budget.max_usd - m.spend_usd()) / burn * 3600.0 - self.exit_s
+        return min(self.tick_s, max(0.0, left_s))
 
     def _fire(self) -> None:
         self.fired.set()
