@@ -28,6 +28,7 @@ from thrifty.runs import checkpoints, lease
 from thrifty.money.budget import spend_usd
 from thrifty.config import RunConfig
 from thrifty.money.ledger import read_attempts
+from thrifty.money.unwatched import settle
 from thrifty.launchers.preflight import check_before_spending
 from thrifty.results import PipelineResult, PrepResult, SmokeResult
 from thrifty.runs import finished_summary
@@ -107,6 +108,8 @@ def pipeline(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None 
     held = lease.read(store, config.run_name)
     if held is not None and held.live(time.time()):  # said now, not after preprocessing and a smoke test
         raise lease.LeaseHeld(config.run_name, held, time.time())
+    for settled in settle(store, config.run_name):  # a job that ended while its flow run was dead: said, row closed
+        logger.warning(settled.describe())
     if is_script(config):  # the user's command reads its own data: no cache step
         prep = PrepResult.none("script mode: the command reads its own data")
         logger.info("preprocessing: none (%s)", prep.note)

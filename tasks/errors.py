@@ -15,7 +15,7 @@ from prefect.states import Failed, State
 
 from thrifty.config import ConfigError
 from thrifty.money.estimate import OverBudgetPlan
-from thrifty.storage import StoreError
+from thrifty.storage import StoreError, StoreUnavailable
 from training.validate import SmokeTestFailed
 
 BAD_INPUT = "BadInput"  # the name of a Failed state a user error ends in
@@ -60,12 +60,15 @@ def bad_input(exc: BaseException) -> State:
 
 
 def fails_quietly(fn: F) -> F:
-    """Turn the user errors ``fn`` raises into a ``BadInput`` Failed state (for a Prefect task's body)."""
+    """Turn the user errors ``fn`` raises into a ``BadInput`` Failed state (for a Prefect task's body), and a store
+    that stayed down past its retry window into a plain Failed one with the store's words (not the user's fault)."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as exc:
             return bad_input(exc)
+        except StoreUnavailable as exc:
+            return Failed(message=f"StoreUnavailable: {exc}")
 
     return wrapper  # type: ignore[return-value]

@@ -214,7 +214,7 @@ def outcome(config: RunConfig, store: Store, status: JobStatus, earlier: list[At
 def launch_and_watch(config: RunConfig, estimate: Estimate | None = None, poll_s: float = 1.0) -> JobOutcome:
     """Submit the job (or re-attach to this run's live one), poll until it ends, keep the ledger and the budget."""
     logger = get_run_logger()
-    store = open_store(config.store)
+    store = open_store(config.store, retry_s=config.store_retry_s)  # a store's brief outage is waited out
     run_id = config.run_name
     previous = lease.read(store, run_id)
     held = lease.acquire(store, run_id, _holder(), ttl_s=LEASE_TTL_S)  # LeaseHeld (exit 2) while another watcher lives

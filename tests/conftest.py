@@ -63,6 +63,8 @@ def prefect_harness():
 from stores import azure_standin, backend, gcs_standin, loopback_only, s3_standin  # noqa: E402,F401
 # price sources' stand-ins: the Azure Retail Prices API on loopback, EC2 spot price history on moto, SkyPilot's catalog
 from price_standins import azure_prices, ec2_spot, sky_catalog  # noqa: E402,F401
+# a switchable fault proxy in front of moto: refused, reset, hung or 503 (tests/faultproxy.py)
+from faultproxy import s3_proxy  # noqa: E402,F401
 # one deployed Prefect server (with its UI and a worker) for the modules that run flows through deployments
 from prefect_server import SHARED, deployed_ui_server  # noqa: E402,F401
 

@@ -17,8 +17,8 @@ import sys
 from typing import Any, Callable
 
 from thrifty.config import ConfigError, RunConfig, add_config_args, config_from_args
-from thrifty.protocol import EXIT_BAD_INPUT, EXIT_OK
-from thrifty.storage import StoreError
+from thrifty.protocol import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from thrifty.storage import StoreError, StoreUnavailable
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -43,12 +43,16 @@ def error(message: str) -> None:
 
 
 def guarded(handler: Handler, args: argparse.Namespace) -> int:
-    """Run a command; a user-fixable error is one message and exit 2."""
+    """Run a command; a user-fixable error is one message and exit 2; a store that stayed down is one message and
+    exit 1 (a failure, worth a restart: never taken for bad input)."""
     try:
         return handler(args)
     except (ConfigError, StoreError) as exc:
         error(str(exc))
         return EXIT_BAD_INPUT
+    except StoreUnavailable as exc:
+        error(str(exc))
+        return EXIT_FAILED
 
 
 def elsewhere(command: str) -> Handler:
@@ -78,8 +82,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     from thrifty.money import savings
     from thrifty.storage import open_store
 
+    from thrifty.money.unwatched import settle_all
+
     cfg = resolved_config(args)
-    rows = savings.table(savings.read_all(open_store(cfg.store)))
+    store = open_store(cfg.store)
+    for settled in settle_all(store, savings.billed_runs(store)):  # jobs that ended while no flow watched them
+        print(settled.describe(), file=sys.stderr)
+    rows = savings.table(savings.read_all(store))
     if not rows:
         print(f"no runs with spend in {cfg.store}", file=sys.stderr)
         return EXIT_OK

@@ -5,7 +5,9 @@ snapshot when CUDA is in use, clones on CPU so the next optimizer step cannot ch
 written; containers copied). ``CheckpointWriter.save`` waits for the write in flight (never two),
 then hands the snapshot to a worker thread that runs ``CheckpointManager.save`` (one stream, hashed
 while written, COMMIT last, pruned from its index) and then ``after_commit`` (the metrics upload).
-An error of the worker is raised on the training thread at the next ``save``/``poll``/``wait``.
+An error of the worker is raised on the training thread at the next ``save``/``poll``/``wait``. While the store
+fails and its write retries (``thrifty.storage.retry``), ``waiting_on_store`` says so: the loop trains on
+instead of waiting for it at the next due save.
 A kill -9 during a write leaves a step directory without COMMIT: the run resumes from the one before.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import logging
 import queue
 import threading
 import time
@@ -21,7 +24,10 @@ from typing import Any, Callable
 
 import torch
 
+from thrifty.storage.retry import on_retry
 from training.checkpoint import CheckpointManager
+
+log = logging.getLogger("thrifty.train")
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class CheckpointWriter:
         self._worker: threading.Thread | None = None  # started at the first background save, ended by close()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # a hand-off costs microseconds; a thread start more
         self._done = threading.Event()  # the write in flight finished (or failed)
+        self._retrying = threading.Event()  # the write in flight met a store error and is retrying it
         self._busy = False
         self._pending: tuple[int, float] = (0, 0.0)  # the write in flight: its step, the time it held the caller
         self._outcome: tuple[float, int] | BaseException | None = None  # the worker's: (write_s, committed_at_step)
@@ -94,6 +101,17 @@ class CheckpointWriter:
     @property
     def in_flight(self) -> bool:
         return self._busy
+
+    @property
+    def waiting_on_store(self) -> bool:
+        """A background write is in flight and retrying a store error: a save due now would only wait for it."""
+        return self._busy and self._retrying.is_set()
+
+    def _store_failed(self, op: str, exc: BaseException) -> None:
+        if not self._retrying.is_set():
+            self._retrying.set()
+            log.warning("checkpoint of step %d: the store failed (%s: %s); the write retries in the background and "
+                        "training carries on, saving again once it lands", self._pending[0], op, exc)
 
     def save(self, state: dict[str, Any], step: int, metric: float | None, wait: bool = False,
              prepare: Callable[[dict[str, Any]], None] | None = None) -> list[Written]:
@@ -116,9 +134,10 @@ class CheckpointWriter:
             self._worker.start()
             atexit.register(self._drain)  # an interpreter exit (an exception, sys.exit) waits for the COMMIT
         self._done.clear()
+        self._retrying.clear()
         self._busy = True
-        self._jobs.put((snap, step, metric, prepare))
         self._pending = (step, time.perf_counter() - t0)
+        self._jobs.put((snap, step, metric, prepare))
         if not wait:
             return done
         return [*done, *(replace(w, block_s=time.perf_counter() - t0) for w in self.wait())]  # held for all of it
@@ -166,7 +185,8 @@ class CheckpointWriter:
         committed_at: list[int] = []
         try:
             t0 = time.perf_counter()
-            self._write(snap, step, metric, prepare, on_commit=lambda: committed_at.append(self._step))
+            with on_retry(self._store_failed):
+                self._write(snap, step, metric, prepare, on_commit=lambda: committed_at.append(self._step))
             self._outcome = (time.perf_counter() - t0, committed_at[0])
         except BaseException as exc:  # noqa: BLE001 -- handed to the training thread, never swallowed
             self._outcome = exc

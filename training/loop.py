@@ -32,6 +32,7 @@ from thrifty.protocol import ENV_LEASE_TOKEN
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
 from thrifty.money.throughput import speed_key
+from training.cap_watchdog import CapWatchdog, armed
 from training.checkpoint import CheckpointManager
 from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation, open_cache
@@ -132,8 +133,8 @@ def train(cfg: RunConfig) -> TrainResult:
     cfg.require_resolved()  # the flow (or `thrifty train`) resolved '{date}' and priced this name
     dist = Dist.from_env()
     check_config(cfg)  # the same checks the flow ran before renting this machine
-    store = open_store(cfg.store)
-    with one_trainer(store, cfg.run_name, dist):
+    store = open_store(cfg.store, retry_s=cfg.store_retry_s)  # a store's brief outage is waited out, not fatal
+    with one_trainer(store, cfg.run_name, dist), armed():
         return _train(cfg, dist, store)
 
 
@@ -153,6 +154,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     if meter is not None:
         log.info("budget: this job bills $%.4f/h (%s); the run has spent $%.4f of its $%g cap", meter.rate,
                  meter.price_note, meter.spend_usd(), cfg.budget.max_usd)
+        CapWatchdog(meter).start()  # ends the job at the cap even while a step cannot end (a hung store call)
     if dist.any(meter is not None and meter.over_cap(save_s=0.0, step_s=0.0)):
         if meter is not None:
             meter.close("budget")
@@ -360,7 +362,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
                      " ".join(f"{k}={v:.4f}" for k, v in state.last_eval.items()), " (best)" if best else "")
 
         finishing = stopper.stopped or state.step >= stop_steps
-        if schedule.due(state.step) or finishing:
+        if (schedule.due(state.step) and not writer.waiting_on_store) or finishing:  # a retrying write: train on
             save(final=finishing)
             last_saved_step = state.step
         elif writer.in_flight:

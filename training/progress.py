@@ -16,6 +16,7 @@ from typing import Any
 from thrifty.runs import run_key
 from thrifty.storage import Store
 from thrifty.storage.atomic import temp_beside
+from thrifty.storage.retry import disk_errors_named
 from thrifty.storage.spool import spool_dir
 from thrifty.spot.daly import daly_interval_s
 
@@ -31,12 +32,15 @@ class MetricsWriter:
         self.upload = direct is None
         if direct is None:  # object store: write in the spool, upload at each checkpoint and at the end
             direct = Path(temp_beside(spool_dir() / "metrics.jsonl"))
-        direct.parent.mkdir(parents=True, exist_ok=True)
         self.path = direct
-        self._f = open(direct, "a", buffering=1)
+        self._disk = (store.uri, "write", self.key, "this machine's disk" if self.upload else "the store's disk")
+        with disk_errors_named(*self._disk):  # a full or read-only disk named as such, not a raw OSError
+            direct.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(direct, "a", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps({"time_unix": round(time.time(), 3), **record}) + "\n")
+        with disk_errors_named(*self._disk):
+            self._f.write(json.dumps({"time_unix": round(time.time(), 3), **record}) + "\n")
 
     def sync(self) -> None:
         if self.upload:

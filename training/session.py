@@ -33,6 +33,7 @@ from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.usercode.script import ENV_STATUS, ENV_STEP_LIMIT, SessionStatus, is_script, script_params
 from thrifty.storage import open_store
+from training.cap_watchdog import CapWatchdog
 from training.checkpoint import CheckpointManager
 from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation
@@ -65,7 +66,7 @@ class Session:
         self.run_id = cfg.run_name
         self.dist = Dist.from_env()
         self.is_main = self.dist.is_main
-        self.store = open_store(cfg.store)
+        self.store = open_store(cfg.store, retry_s=cfg.store_retry_s)  # a store's brief outage is waited out
         self._lease = one_trainer(self.store, self.run_id, self.dist)  # a by-hand run takes the lease itself
         self._lease.__enter__()
         self._closed, self._crashed = False, False
@@ -105,6 +106,8 @@ class Session:
             self.metrics = MetricsWriter(self.store, self.run_id)
             if self.meter is not None and self.meter.over_cap(save_s=0.0, step_s=0.0):
                 self.stop_reason = "budget"
+            if self.meter is not None:  # ends the script at the cap even while it cannot ask (a hung store call)
+                CapWatchdog(self.meter).start()
             mtbp = node_mtbp(self.store, cfg, self.meter.price if self.meter else None)  # as the loop plans auto
         self.schedule = CheckpointSchedule(tc.checkpoint_every, mtbp.mtbp_s, 0, mtbp.source)
         self.writer = CheckpointWriter(self.ckpts, tc.async_checkpoint,  # the metrics go up after each COMMIT
@@ -188,7 +191,7 @@ class Session:
 
     def should_save(self, step: int) -> bool:
         """Whether ``step`` is due for a checkpoint: every ``train.checkpoint_every`` steps, or Young/Daly (auto)."""
-        return self.schedule.due(int(step))
+        return self.schedule.due(int(step)) and not self.writer.waiting_on_store  # a retrying write: train on
 
     # ------------------------------------------------------------------ stopping
     def should_stop(self) -> bool:

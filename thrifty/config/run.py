@@ -51,6 +51,12 @@ class RunConfig(_Frozen):
         "smoke_timeout_s, total_steps, env. E.g. {\"hidden\": 256}.",
     )
     store: StoreUri = Field(".thrifty/store", description="Where shards, checkpoints and ledgers go: a path, file://, s3://, gs://, az://.")
+    store_retry_s: float = Field(
+        300.0, ge=0.0, le=86400.0,
+        description="How long the training node and the watch loop keep retrying the store, with backoff, when it "
+        "fails in a way that passes (connection refused or reset, a timeout, a 5xx answer, throttling), in seconds. "
+        "Training carries on meanwhile; an outage longer than this ends the job as failed, with the store's own "
+        "words. 0 = only the storage SDK's own retries.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="The training loop: epochs, batch, "
                                "learning rate, precision, checkpoints and early stopping.")
     compute: ComputeConfig = Field(default_factory=ComputeConfig, description="Where it runs: the launcher, clouds, "

@@ -54,11 +54,29 @@ class _Job:
         self.preemptions_injected = 0
         # one chain per job, so a source that failed is not asked again at once; the store shares what it reads
         self.live = LivePrices.for_config(cfg, open_store(cfg.store) if price_mode(cfg) == "live" else None)
+        self.procs: list[subprocess.Popen] = []  # the attempt running now, one process per node
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._supervise, name=f"thrifty-{job_id}", daemon=True)
 
     # -------------------------------------------------------------- supervisor
     def _supervise(self) -> None:
+        """Run attempts until the job ends. An error of the launcher itself (an attempt log it cannot open, a full
+        disk) ends the job failed at once, saying so, with what it started stopped: never a thread that dies and
+        leaves a job that seems to be starting, billed, with nothing running."""
+        try:
+            self._attempts_until_done()
+        except Exception as exc:  # noqa: BLE001 -- reported as the job's end, not lost with the thread
+            log.exception("the local launcher failed running job %s", self.job_id)
+            self._stop_all([p for p in self.procs if p.poll() is None], graceful=True)
+            with self.lock:
+                for a in self.attempts:
+                    if a.ended_unix is None:
+                        a.ended_unix, a.end_reason = time.time(), "failed"
+            self._set(JobState.FAILED, f"the local launcher failed: {type(exc).__name__}: {exc}. Nothing more runs "
+                                       f"or is billed for this job; fix that and run it again (it resumes from its "
+                                       f"last checkpoint). Logs: {self.log_dir}")
+
+    def _attempts_until_done(self) -> None:
         failures = 0
         while True:
             if self.market is not None and not self.market.available():
@@ -100,11 +118,12 @@ class _Job:
         node = {**node_env(self.cfg, [Price(price.cloud, price.instance, c.use_spot, price.usd_per_hour,
                                             price.accelerator, price.source, price.region, price.fetched_unix)]),
                 ENV_JOB_ID: self.job_id, ENV_BILLING_START: repr(attempt.started_unix), **self.env}
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with self.lock:
+            self.state = JobState.STARTING
+        procs = self._start_nodes(attempt.number, node)  # billed from the start: a start that failed bills nothing
         with self.lock:
             self.attempts.append(attempt)
-            self.state = JobState.STARTING
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        procs = self._start_nodes(attempt.number, node)
         self._set(JobState.RUNNING, f"attempt {attempt.number} running on {len(procs)} node(s) (pid "
                                     f"{', '.join(str(p.pid) for p in procs)}, logs in {self.log_dir})")
         reason = None
@@ -131,7 +150,8 @@ class _Job:
         code = self._end_nodes(procs)
         if code == EXIT_BUDGET:
             reason = "budget"
-        elif code == 0 and (reason is None or finished_since(open_store(self.cfg.store), self.cfg.run_name, attempt.started_unix)):
+        elif code == 0 and (reason is None or finished_since(open_store(self.cfg.store, retry_s=self.cfg.store_retry_s),
+                                                             self.cfg.run_name, attempt.started_unix)):
             reason = "succeeded"  # a stop that came after training had finished: it finished, it was not stopped
         elif reason is None:
             reason = "failed"
@@ -162,12 +182,17 @@ class _Job:
             port = free_loopback_port()
             envs = [{**node, **skypilot_node_vars(["127.0.0.1"] * n, rank)} for rank in range(n)]
             commands = [torchrun_command(e, port, f"{self.job_id}-{attempt_number}") for e in envs]
-        procs = []
-        for rank, (command, env) in enumerate(zip(commands, envs)):
-            name = f"attempt-{attempt_number}.log" if rank == 0 else f"attempt-{attempt_number}-node{rank}.log"
-            with open(self.log_dir / name, "ab") as log_file:
-                procs.append(subprocess.Popen(command, env={**os.environ, **env}, stdout=log_file,
-                                              stderr=subprocess.STDOUT, start_new_session=True))  # its own group
+        procs: list[subprocess.Popen] = []
+        try:
+            for rank, (command, env) in enumerate(zip(commands, envs)):
+                name = f"attempt-{attempt_number}.log" if rank == 0 else f"attempt-{attempt_number}-node{rank}.log"
+                with open(self.log_dir / name, "ab") as log_file:
+                    procs.append(subprocess.Popen(command, env={**os.environ, **env}, stdout=log_file,
+                                                  stderr=subprocess.STDOUT, start_new_session=True))  # its own group
+        except BaseException:
+            self._stop_all(procs, graceful=False)  # a node started without its peers would wait on them forever
+            raise
+        self.procs = procs
         return procs
 
     def _end_nodes(self, procs: list[subprocess.Popen]) -> int | None:
@@ -194,7 +219,12 @@ class _Job:
         if c.preempt_after_s is not None and time.time() - attempt.started_unix >= c.preempt_after_s:
             return True
         if c.preempt_after_steps is not None:
-            progress = latest_progress(read_metrics(open_store(self.cfg.store), self.cfg.run_name, attempt.started_unix))
+            try:  # one look, no retries: a store that does not answer now is asked again at the next poll
+                store = open_store(self.cfg.store, retry_s=0.0)
+                progress = latest_progress(read_metrics(store, self.cfg.run_name, attempt.started_unix))
+            except Exception as exc:  # noqa: BLE001
+                log.debug("no progress read for the injected preemption this time: %s", exc)
+                return False
             return progress.get("step", 0) >= c.preempt_after_steps
         return False
 

@@ -2,7 +2,9 @@
 
 ``pricing`` (the offline table: $/hour and $/GB-month, dated), ``prices`` (today's prices from the clouds' own
 sources, cached in the store, the table last), ``throughput`` (speeds per accelerator), ``estimate`` (the gate),
-``ledger`` (what every attempt cost), ``meter`` (the node's own cap), ``budget`` (spend, burn, stop
-decisions), ``savings`` (actual against the naive way). May import ``thrifty.runs``, ``thrifty.storage``,
+``ledger`` (what every attempt cost), ``meter`` (the node's own cap) and ``meter_local`` (its record kept on the
+node until the store takes it), ``unwatched`` (rows of jobs that ended while no watcher lived, closed by the next
+look), ``budget`` (spend, burn, stop decisions), ``savings`` (actual against the naive way). May import
+``thrifty.runs``, ``thrifty.storage``,
 ``thrifty.config`` and the base modules (``protocol``, ``procs``, ``faults``); never a launcher, torch or Prefect.
 """

@@ -5,7 +5,9 @@ node matches the instance it landed on (``thrifty.launchers.identity``, handed i
 bill (the launcher's start locally, the boot time on a cloud VM), reads what the run spent
 before (``thrifty.money.ledger``) and, every step, asks :meth:`NodeMeter.over_cap`. At the cap the
 training program checkpoints and exits ``EXIT_BUDGET``, which no launcher restarts. Its record in
-the store (``runs/<run>/meter/...``) lets reports count every dollar of a job whose watcher died.
+the store (``runs/<run>/meter/...``) lets reports count every dollar of a job whose watcher died; it is kept on the
+node's disk first and put in the store from a background thread (``thrifty.money.meter_local``), so a store that
+hangs holds up neither training nor the cap, and what was billed while it hung reaches the store when it answers.
 
 With live prices (``budget.prices``) the node reads its own instance's price in its zone at boot and again every
 ``budget.spot_price_max_age_s`` (``thrifty.money.prices``): each interval is metered at the price then in force
@@ -24,7 +26,8 @@ from typing import Callable, Mapping
 
 from thrifty.money.budget import TEARDOWN_S, over_cap, spend_usd, stop_margin_s
 from thrifty.config import ConfigError, RunConfig
-from thrifty.money.ledger import METER_BEAT_S, MeterRecord, read_attempts, segments_cost_usd, write_meter
+from thrifty.money.ledger import METER_BEAT_S, MeterRecord, read_attempts, segments_cost_usd
+from thrifty.money.meter_local import RecordSync
 from thrifty.money.prices import LivePrices, PriceKey, PricePoint
 from thrifty.money.prices.repricing import Repricer, change_from
 from thrifty.procs import process_started
@@ -145,12 +148,14 @@ class NodeMeter:
         # the prices in force, [from_unix, $/h of one node, source]: the first from the billing start
         self.segments: list[list] = [[started_unix, price.usd_per_hour, price.source]]
         self.rate = price.usd_per_hour * nodes  # $/hour of this job now, every node
-        self._last_write = float("-inf")
         self._others_usd, self._others_burn, self._others_at = 0.0, 0.0, started_unix
         self._ledger_open_start: float | None = None
+        self._sync = RecordSync(store, cfg.run_name, lambda: self._refresh(self.clock()))
+        self.end: str | None = None  # how this attempt ended, once closed
         if repricer is not None:
             self._reprice(boot=True)
-        self.beat(force=True)
+        self._last_write = clock()
+        self._sync.put_now(self._record(self._last_write))  # on this thread: the run's spend is known before training
 
     @classmethod
     def from_env(cls, store: Store, cfg: RunConfig, environ: Mapping[str, str] | None = None,
@@ -211,7 +216,10 @@ class NodeMeter:
     def _refresh(self, now: float) -> None:
         """What the run's other attempts cost, from the ledger (read at most once a beat)."""
         attempts = read_attempts(self.store, self.cfg.run_name, now)
-        mine_open = [a for a in attempts if a.job_id == self.job_id and a.ended_unix is None]
+        # this attempt's own rows (the watcher's, or the ledger's view of this record once it is closed: the
+        # background sync re-reads after the final put) are metered here, never counted again as another's
+        mine_open = [a for a in attempts if a.job_id == self.job_id
+                     and (a.ended_unix is None or a.ended_unix > self.started_unix)]
         others = [a for a in attempts if a not in mine_open]
         self._others_usd = spend_usd(others, now)
         self._others_burn = sum(a.usd_per_hour * a.nodes for a in others if a.ended_unix is None)
@@ -251,22 +259,24 @@ class NodeMeter:
                            host=socket.gethostname(), pid=os.getpid(), pid_started=process_started(os.getpid()))
 
     def beat(self, force: bool = False) -> None:
-        """Rewrite this attempt's record and re-read the ledger, at most once per ``METER_BEAT_S`` unless forced."""
+        """Rewrite this attempt's record (here at once; in the store, then a re-read of the ledger, from the background
+        thread), at most once per ``METER_BEAT_S`` unless forced. Never waits on the store."""
         now = self.clock()
         if self.repricer is not None and self.repricer.due(now) and self._reprice():
             force = True  # a new price is in the record at once
         if not force and now - self._last_write < METER_BEAT_S:
             return
         self._last_write = now
-        try:
-            write_meter(self.store, self.cfg.run_name, self._record(now))
-            self._refresh(now)
-        except Exception as exc:  # a store hiccup must not stop training; the ledger's view stays the last one read
-            log.warning("budget meter: could not update the run's record (%s)", exc)
+        self._sync.offer(self._record(now))
 
-    def close(self, end: str) -> None:
-        """The final record: how and when this attempt stopped billing."""
-        try:
-            write_meter(self.store, self.cfg.run_name, self._record(self.clock(), end))
-        except Exception as exc:
-            log.warning("budget meter: could not write the final record (%s)", exc)
+    def close(self, end: str, wait_s: float | None = None) -> bool:
+        """The final record: how and when this attempt stops billing, ``wait_s`` from now at the latest (the process
+        exits then). Waits that long for the store to take it (None: the store's retry window); False when it is
+        kept on this machine only, for the next look from here to write. A second close keeps the first's word."""
+        self.end = self.end or end
+        ok = self._sync.close(self._record(self.clock() + (wait_s or 0.0), self.end), wait_s)
+        if not ok:
+            self._sync.keep(self._record(self.clock(), self.end))  # here, the end as of now: the process ends now
+            log.warning("budget meter: the store did not take the final record; it is kept on this machine and written "
+                        "to the store at the next look from here (the next attempt, `thrifty report`)")
+        return ok

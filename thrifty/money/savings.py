@@ -134,6 +134,16 @@ def run_state(attempts: list[Attempt], summary: RunSummary | None) -> str:
     return {"budget": "budget", "cancelled": "cancelled", "failed": "failed"}.get(last or "", "interrupted")
 
 
+def billed_runs(store: Store) -> list[str]:
+    """The runs of the store with a ledger row or a node's meter record, oldest first as listed."""
+    run_ids: dict[str, None] = {}
+    for obj in store.list("runs/"):
+        parts = obj.key.split("/")
+        if len(parts) >= 3 and (parts[2] in ("ledger", "meter") or parts[2] == "ledger.jsonl"):
+            run_ids.setdefault(parts[1])
+    return list(run_ids)
+
+
 def read_all(store: Store) -> list[SavingsReport]:
     """One report per run that has a ledger row, whatever its end, oldest run first: the cross-run table.
 
@@ -144,13 +154,8 @@ def read_all(store: Store) -> list[SavingsReport]:
     from thrifty.money.ledger import read_attempts
     from thrifty.runs import read_summary
 
-    run_ids: dict[str, None] = {}
-    for obj in store.list("runs/"):
-        parts = obj.key.split("/")
-        if len(parts) >= 3 and (parts[2] in ("ledger", "meter") or parts[2] == "ledger.jsonl"):
-            run_ids.setdefault(parts[1])
     rows = []
-    for run_id in run_ids:
+    for run_id in billed_runs(store):
         attempts = read_attempts(store, run_id)
         if not attempts:
             continue

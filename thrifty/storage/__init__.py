@@ -2,7 +2,8 @@
 
 Every write is atomic for readers: an object is either absent or complete. This package re-exports
 the public API and holds ``open_store`` (which imports a backend only when its scheme is used) and ``check_store``.
-Files: base (protocol, errors, keys), atomic (local writes), file (FileStore), object (cloud base), s3, gcs, azure.
+Files: base (protocol, errors, keys), atomic (local writes), retry (transient errors, full disks), file (FileStore),
+object (cloud base), s3, gcs, azure.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from thrifty.storage.base import (COLD_CLASSES, RESTORE_PRIORITIES, Archived, Co
                                   RestoreStatus, Store, StoreError, is_cold, join_key)
 from thrifty.storage.file import FILE_ARCHIVE_AREA, FILE_ARCHIVE_CLASS, FileStore
 from thrifty.storage.object import DEFAULT_PART_SIZE_BYTES
+from thrifty.storage.retry import DEFAULT_RETRY_S, StoreUnavailable
 
-__all__ = ["COLD_CLASSES", "DEFAULT_PART_SIZE_BYTES", "FILE_ARCHIVE_AREA", "FILE_ARCHIVE_CLASS", "PROBE_PREFIX",
-           "RESTORE_PRIORITIES", "Archived", "Conflict", "FileStore", "NotFound", "ObjectInfo", "RestoreStatus",
-           "Store", "StoreError", "atomic_write_bytes", "check_store", "fsync_dir", "is_cold", "join_key", "open_store",
-           "replace_atomically"]
+__all__ = ["COLD_CLASSES", "DEFAULT_PART_SIZE_BYTES", "DEFAULT_RETRY_S", "FILE_ARCHIVE_AREA", "FILE_ARCHIVE_CLASS",
+           "PROBE_PREFIX", "RESTORE_PRIORITIES", "Archived", "Conflict", "FileStore", "NotFound", "ObjectInfo",
+           "RestoreStatus", "Store", "StoreError", "StoreUnavailable", "atomic_write_bytes", "check_store", "fsync_dir",
+           "is_cold", "join_key", "open_store", "replace_atomically"]
 
 PROBE_PREFIX = "_thrifty"  # check_store writes (and removes) one small object here
 
@@ -38,22 +40,26 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def open_store(uri: str, *, part_size_bytes: int = DEFAULT_PART_SIZE_BYTES, fail_fast: bool = False) -> Store:
+def open_store(uri: str, *, part_size_bytes: int = DEFAULT_PART_SIZE_BYTES, fail_fast: bool = False,
+               retry_s: float = DEFAULT_RETRY_S) -> Store:
     """A Store for ``uri``: a plain path or file://, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix.
 
-    ``part_size_bytes`` sets the upload part size of the object stores; ``fail_fast`` trades their
-    retries for a quick answer (preflight). Opening a store sends it no request (finding GCS
-    credentials may ask the GCE metadata server, as Google's credential chain does).
+    ``part_size_bytes`` sets the upload part size of the object stores; ``retry_s`` how long a transient error
+    (a refused connection, a timeout, a 5xx, throttling) is retried before StoreUnavailable (``RunConfig.
+    store_retry_s``); ``fail_fast`` trades every retry for a quick answer (preflight). Opening a store sends it no
+    request (finding GCS credentials may ask the GCE metadata server, as Google's credential chain does).
     """
+    retry_s = 0.0 if fail_fast else retry_s
     if "://" not in uri:
-        return FileStore(uri)
+        return FileStore(uri, retry_s=retry_s)
     parsed = urlparse(uri)
     if parsed.scheme == "file":
-        return FileStore(parsed.netloc + parsed.path if parsed.netloc not in ("", "localhost") else parsed.path)
+        return FileStore(parsed.netloc + parsed.path if parsed.netloc not in ("", "localhost") else parsed.path,
+                         retry_s=retry_s)
     if parsed.scheme in _BACKENDS:
         module, name = _BACKENDS[parsed.scheme]
         backend = getattr(importlib.import_module(module), name)
-        return backend(uri, part_size_bytes=part_size_bytes, fail_fast=fail_fast)
+        return backend(uri, part_size_bytes=part_size_bytes, fail_fast=fail_fast, retry_s=retry_s)
     raise StoreError(f"store {uri!r}: unsupported scheme {parsed.scheme!r}; use file://, s3://, gs:// or az://")
 
 

@@ -10,6 +10,7 @@ from typing import Iterator
 from thrifty.storage.atomic import replace_atomically
 from thrifty.storage.base import Archived, Conflict, NotFound, ObjectInfo, RestoreStatus, StoreError
 from thrifty.storage.object import DEFAULT_PART_SIZE_BYTES, _ObjectStore
+from thrifty.storage.retry import DEFAULT_RETRY_S, retried
 
 
 def _azure_code(exc: BaseException) -> str:
@@ -17,6 +18,7 @@ def _azure_code(exc: BaseException) -> str:
     return str(getattr(code, "value", code))  # a StorageErrorCode enum or a plain string
 
 
+@retried
 class AzureStore(_ObjectStore):
     """An Azure Blob Storage container: az://container/prefix.
 
@@ -26,8 +28,10 @@ class AzureStore(_ObjectStore):
     go up as blocks committed at the end, so a blob appears only when complete.
     """
 
-    def __init__(self, uri: str, *, part_size_bytes: int = DEFAULT_PART_SIZE_BYTES, fail_fast: bool = False):
+    def __init__(self, uri: str, *, part_size_bytes: int = DEFAULT_PART_SIZE_BYTES, fail_fast: bool = False,
+                 retry_s: float = DEFAULT_RETRY_S):
         self._init_uri(uri)
+        self.retry_s = 0.0 if fail_fast else retry_s
         from azure.storage.blob import BlobServiceClient
 
         options: dict = {"max_single_put_size": part_size_bytes, "max_block_size": part_size_bytes,
@@ -77,6 +81,14 @@ class AzureStore(_ObjectStore):
 
     def _is_archived(self, exc: BaseException) -> bool:
         return _azure_code(exc) == "BlobArchived"
+
+    def _transient(self, exc: BaseException) -> bool:
+        from azure.core import exceptions as zx
+
+        if isinstance(exc, (zx.ServiceRequestError, zx.ServiceResponseError, zx.IncompleteReadError)):
+            return True  # not sent (refused, unreachable) or no answer (reset, timed out, cut short)
+        status = getattr(exc, "status_code", None) or 0
+        return isinstance(exc, zx.HttpResponseError) and (status >= 500 or status == 429)
 
     def _explain(self, exc: BaseException, op: str) -> str | None:
         from azure.core import exceptions as zx

@@ -14,20 +14,27 @@ from typing import BinaryIO, Iterator
 
 from thrifty.storage.atomic import atomic_write_bytes, fsync_dir, replace_atomically, sweep_dir, write_atomically
 from thrifty.storage.base import Archived, Conflict, NotFound, ObjectInfo, RestoreStatus, StoreError, _clean_key
+from thrifty.storage.retry import DEFAULT_RETRY_S, disk_errors_named, retried
 
 FILE_ARCHIVE_AREA = "archive"  # a file store's cold tier: <root>/archive/<key>; keys may not start with it
 FILE_ARCHIVE_CLASS = "ARCHIVE"
 
 
+@retried
 class FileStore:
     """A directory on a local or mounted file system.
 
     Its cold tier is an ``archive/`` area beside the objects: an archived object moves (one atomic
     rename) to ``<root>/archive/<key>``, still lists under its key with storage class ARCHIVE, and
-    reads fail with Archived until it is restored, as on the object stores.
+    reads fail with Archived until it is restored, as on the object stores. A mounted file system's
+    stalls (EIO, ETIMEDOUT, ESTALE) are retried like an object store's outage; a full or read-only disk
+    is named as such (``thrifty.storage.retry``).
     """
 
-    def __init__(self, root: str | Path):
+    _disk_is = "the store's disk"
+
+    def __init__(self, root: str | Path, retry_s: float = DEFAULT_RETRY_S):
+        self.retry_s = retry_s
         self.root = Path(root).expanduser().resolve()
         self.uri = f"file://{self.root}"
         self._archive = self.root / FILE_ARCHIVE_AREA
@@ -68,10 +75,13 @@ class FileStore:
         replace_atomically(self._path(key), lambda tmp: shutil.copyfile(local_path, tmp))
         self._dropped_archived_copy(key)
 
+    def _transient(self, exc: BaseException) -> bool:
+        return False  # beyond what thrifty.storage.retry takes for transient on any store (EIO, ETIMEDOUT, ...)
+
     @contextlib.contextmanager
     def writer(self, key: str) -> Iterator[BinaryIO]:
         """Written straight beside its target (one copy), renamed into place when the block ends."""
-        with write_atomically(self._path(key)) as f:
+        with disk_errors_named(self.uri, "write", key), write_atomically(self._path(key)) as f:
             yield f
         self._dropped_archived_copy(key)
 

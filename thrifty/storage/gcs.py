@@ -11,10 +11,12 @@ from typing import Iterator
 from thrifty.storage.atomic import replace_atomically
 from thrifty.storage.base import Conflict, NotFound, ObjectInfo, RestoreStatus, StoreError
 from thrifty.storage.object import DEFAULT_PART_SIZE_BYTES, _ObjectStore
+from thrifty.storage.retry import DEFAULT_RETRY_S, retried
 
 _GCS_CHUNK_BYTES = 256 << 10  # resumable upload chunks must be multiples of this
 
 
+@retried
 class GCSStore(_ObjectStore):
     """A Google Cloud Storage bucket; STORAGE_EMULATOR_HOST points it at an emulator (anonymous credentials).
 
@@ -23,8 +25,10 @@ class GCSStore(_ObjectStore):
     chunks; an object appears only when its upload is finalized.
     """
 
-    def __init__(self, uri: str, *, part_size_bytes: int = DEFAULT_PART_SIZE_BYTES, fail_fast: bool = False):
+    def __init__(self, uri: str, *, part_size_bytes: int = DEFAULT_PART_SIZE_BYTES, fail_fast: bool = False,
+                 retry_s: float = DEFAULT_RETRY_S):
         self._init_uri(uri)
+        self.retry_s = 0.0 if fail_fast else retry_s
         from google.cloud import storage
 
         self._chunk_bytes = max(1, -(-part_size_bytes // _GCS_CHUNK_BYTES)) * _GCS_CHUNK_BYTES
@@ -45,6 +49,18 @@ class GCSStore(_ObjectStore):
         from google.api_core import exceptions as gx
 
         return isinstance(exc, gx.NotFound)
+
+    def _transient(self, exc: BaseException) -> bool:
+        import requests
+        from google.api_core import exceptions as gx
+        from google.auth import exceptions as ax
+
+        if isinstance(exc, (gx.ServiceUnavailable, gx.InternalServerError, gx.BadGateway, gx.GatewayTimeout,
+                            gx.TooManyRequests, gx.DeadlineExceeded, gx.RetryError, requests.ConnectionError,
+                            requests.Timeout, requests.exceptions.ChunkedEncodingError, ax.TransportError)):
+            return True
+        status = getattr(getattr(exc, "response", None), "status_code", 0)  # google-resumable-media's InvalidResponse
+        return isinstance(status, int) and (status >= 500 or status == 429)
 
     def _explain(self, exc: BaseException, op: str) -> str | None:
         import requests

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from thrifty.storage.base import Archived, NotFound, StoreError, _clean_key
+from thrifty.storage.retry import DEFAULT_RETRY_S
 from thrifty.storage.spool import spooled, sweep_spool
 
 DEFAULT_PART_SIZE_BYTES = 16 << 20  # uploads above this go in parts of this size; one part is the most held in memory
@@ -36,6 +37,8 @@ class _ObjectStore:
     uri: str
     bucket: str
     root: str
+    retry_s: float = DEFAULT_RETRY_S  # how long a transient error is retried (thrifty.storage.retry)
+    _disk_is = "this machine's disk"  # an object store's only disk here: the spool and downloads
 
     def _init_uri(self, uri: str) -> None:
         scheme, self.bucket, self.root = _split_bucket_uri(uri)
@@ -66,7 +69,11 @@ class _ObjectStore:
         """Uploads are atomic, so the store holds no leftovers (a bucket rule aborts multipart ones); the spool may."""
         return sweep_spool()
 
-    # backends override these two
+    # backends override these
+    def _transient(self, exc: BaseException) -> bool:
+        """An error of the service or the network that another try may cure (5xx, throttling, a reset, a timeout)."""
+        return False
+
     def _is_missing_key(self, exc: BaseException) -> bool:
         return False
 

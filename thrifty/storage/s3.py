@@ -7,6 +7,12 @@ from pathlib import Path
 from thrifty.storage.atomic import replace_atomically
 from thrifty.storage.base import Conflict, NotFound, ObjectInfo, RestoreStatus
 from thrifty.storage.object import DEFAULT_PART_SIZE_BYTES, _ObjectStore
+from thrifty.storage.retry import DEFAULT_RETRY_S, retried
+
+# answers that mean "not now": the service is busy, throttling, or failed inside (HTTP 5xx, 429)
+_S3_TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling",
+                       "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException",
+                       "BandwidthLimitExceeded", "500", "502", "503", "504", "429"}
 
 
 def _s3_error_code(exc: BaseException) -> str:
@@ -14,6 +20,7 @@ def _s3_error_code(exc: BaseException) -> str:
     return str(response.get("Error", {}).get("Code", ""))
 
 
+@retried
 class S3Store(_ObjectStore):
     """An S3 bucket, or any S3-compatible service via AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3.
 
@@ -23,8 +30,10 @@ class S3Store(_ObjectStore):
     bucket lifecycle rule (AbortIncompleteMultipartUpload) removes them.
     """
 
-    def __init__(self, uri: str, *, part_size_bytes: int = DEFAULT_PART_SIZE_BYTES, fail_fast: bool = False):
+    def __init__(self, uri: str, *, part_size_bytes: int = DEFAULT_PART_SIZE_BYTES, fail_fast: bool = False,
+                 retry_s: float = DEFAULT_RETRY_S):
         self._init_uri(uri)
+        self.retry_s = 0.0 if fail_fast else retry_s
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
@@ -42,6 +51,14 @@ class S3Store(_ObjectStore):
 
     def _is_missing_key(self, exc: BaseException) -> bool:
         return _s3_error_code(exc) in ("NoSuchKey", "404", "NotFound")
+
+    def _transient(self, exc: BaseException) -> bool:
+        from botocore import exceptions as bx
+
+        if isinstance(exc, (bx.ConnectionError, bx.HTTPClientError, bx.IncompleteReadError)):
+            return True  # refused, reset, closed, timed out, a body cut short (EndpointConnectionError is one)
+        status = (getattr(exc, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return _s3_error_code(exc) in _S3_TRANSIENT_CODES or status >= 500 or status == 429
 
     def _is_archived(self, exc: BaseException) -> bool:
         return _s3_error_code(exc) == "InvalidObjectState"
