@@ -36,6 +36,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from thrifty.launchers.failures import settle_on_node
 from thrifty.protocol import EXIT_BUDGET, EXIT_RESUMABLE, STOP_KEY, STOPPED_KEY
 
 log = logging.getLogger("thrifty.notice")
@@ -315,6 +316,7 @@ def _stop_request_probe() -> StopRequestProbe | None:
 def wrap(command: list[str], cloud: str | None, poll_s: float | None, signal_children: bool,
          stop_poll_s: float = 10.0, linger_s: float = 600.0) -> int:
     """Run ``command`` under the watchers and return the exit code SkyPilot should see."""
+    started = time.time()
     proc = subprocess.Popen(command)
     state = {"notice": False, "stop": False, "terminated": False}
     signalled = threading.Event()
@@ -347,7 +349,9 @@ def wrap(command: list[str], cloud: str | None, poll_s: float | None, signal_chi
     for w in watchers:
         w.stop()
     finished = _run_finished()
-    code = exit_code(rc, finished, state["notice"], state["stop"], state["terminated"])
+    # the program's own code (torchrun says 1 for any failure) decides; a failure no restart can fix ends the job
+    code = settle_on_node(rc, started, lambda own: exit_code(own, finished, state["notice"], state["stop"],
+                                                               state["terminated"]))
     log.warning("trainer exited %d (finished=%s, notice=%s, stop=%s, sigterm=%s): exiting %d",
                 rc, finished, state["notice"], state["stop"], state["terminated"], code)
     if state["stop"] and stop_probe is not None and not finished:
