@@ -123,3 +123,37 @@ def test_the_smoke_test_refuses_a_loader_that_cannot_resume_exactly_and_names_th
         smoke_test(cfg)
     assert "IterableDataset (Stream) without state_dict()/load_state_dict()" in str(err.value)
     assert "map-style Dataset" in str(err.value) and "StatefulDataLoader" in str(err.value)
+
+
+GOES_ON = SCRIPT.replace('''if thrifty.stopped:  # a spot notice: the job resumes; the weights of a finished fit only
+    sys.exit(0)
+torch.save(model.state_dict(), os.environ["WEIGHTS_OUT"])''', '''print("stopped:", thrifty.stopped, flush=True)
+trainer.test(model, DataLoader(data, batch_size=50), ckpt_path="best")  # no ModelCheckpoint: this raises''')
+
+
+def test_after_a_stop_fit_returns_without_a_validation_and_the_job_ends_as_the_stop_says(tmp_path):
+    """A script that goes on after fit() (test, predict) without checking callback.stopped: the stop added no
+    validation (none logged, early stopping untouched), the script can tell, and whatever it does next the job
+    ends as an interruption with its step saved (exit 0, resumed later), not as a failure to restart."""
+    (tmp_path / "goes_on.py").write_text(GOES_ON)
+    config = write_config(tmp_path, "goes-on", f"python {tmp_path / 'goes_on.py'} 0 val", checkpoint_every=5)
+    proc = start(config, tmp_path, NOTICE_AT="12")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "stopped: True" in out
+    assert "the script went on after the stop and failed" in err
+    runs = records(tmp_path / "store", "goes-on")
+    assert [r["step"] for r in runs if r.get("event") == "eval"] == [], "no validation of the half-trained model"
+    assert [(r["event"], r["step"]) for r in runs if r.get("event") in ("interrupted", "end")] == [("interrupted", 13)]
+
+
+def test_the_smoke_test_reports_what_a_lightning_script_uses(tmp_path, monkeypatch):
+    (tmp_path / "fit.py").write_text(SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    cfg = build_config({"run_name": "figures", "recipe": "script", "store": str(tmp_path / "store"),
+                        "recipe_params": {"command": f"python {tmp_path / 'fit.py'} 0 val"},
+                        "train": {"micro_batch": 64}})
+    result = smoke_test(cfg)
+    assert result.examples_per_step == 8, "the loader's batch, not the config's micro_batch"
+    assert result.parameters == 8 * 16 + 16 + 16 * 2 + 2
+    assert not (tmp_path / "lightning_logs").exists()
