@@ -116,8 +116,8 @@ class ThriftyCallback(pl.Callback):
                 self._save(trainer, step, batch_end=True)
         if stop:
             trainer.should_stop = True
-            if sess.stopped and not self._save_after_validation:  # unfinished: no validation Lightning adds for the
-                trainer.fit_loop.epoch_loop._skip_next_val = True  # stop (it would move early stopping)
+            if not self._save_after_validation:  # none of the validation Lightning adds for a stop: it would log a
+                trainer.fit_loop.epoch_loop._skip_next_val = True  # half-trained model as best, move early stopping
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
