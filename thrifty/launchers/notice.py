@@ -16,7 +16,9 @@ Usage on a node (what the SkyPilot task's ``run:`` does)::
 Wrapping a command, it exits with the code that tells SkyPilot what happened (see ``exit_code``):
 0 when training finished, 75 (``EXIT_RESUMABLE``, listed in the task's ``recover_on_exit_codes``)
 when it stopped on a notice with its checkpoint saved, so the managed job recovers at once on a
-new VM without spending a restart of ``max_restarts_on_errors``; the program's own code otherwise.
+new VM without spending a restart of ``max_restarts_on_errors``; the program's own code otherwise (from its
+exit record: torchrun says 1 for any failure), except that bad input (2) and a failure that repeats the attempt
+before it exit 0 with the job marked given up (``thrifty.launchers.failures``): no restart can fix them.
 The endpoint base is ``$THRIFTY_METADATA_BASE`` (tests point it at a loopback server).
 """
 
