@@ -31,8 +31,10 @@ def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Est
         total = config.train.job_steps(prep.examples["train"], world)  # a search's rung ends at stop_at_epoch
     saved = checkpoints.committed(store, config.run_name)
     done = min(total, saved[-1].step) if saved else 0
-    per_example_s = smoke.cpu_step_time_s / smoke.examples_per_step
     examples_per_step = config.train.examples_per_step(world)
+    if is_script(config):  # the script's own batch when it said it (sess.describe), else one step is the unit
+        examples_per_step = smoke.examples_per_step or examples_per_step
+    per_example_s = smoke.cpu_step_time_s / (smoke.examples_per_step or examples_per_step)
     if c.launcher == "local":
         live = LivePrices.for_config(config, store)  # the table unless budget.prices is live
         quote, accelerator, speeds, why = emulated_quote(c.emulate, c.use_spot, live), None, None, ""

@@ -21,7 +21,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from tasks.alerts import BudgetGuard
 from tasks.deadline import DeadlineWatch
 from tasks.errors import fails_quietly
-from thrifty.runs import checkpoints, lease
+from thrifty.runs import checkpoints, exits, lease
 from thrifty.money.budget import TEARDOWN_S, spend_usd, stop_margin_s
 from thrifty.config import ConfigError, RunConfig
 from thrifty.money.estimate import Estimate
@@ -187,8 +187,11 @@ def outcome(config: RunConfig, store: Store, status: JobStatus, earlier: list[At
     saved = checkpoints.committed(store, run_id)
     step = saved[-1].step if saved else None
     spent = spend_usd(earlier + status.attempts)
+    given_up = None if finished else exits.given_up(store, run_id, status.job_id)  # SkyPilot saw exit 0 for it
     if finished:
         end, message = "succeeded", "training finished"
+    elif given_up is not None:
+        end, message = "failed", f"job {status.job_id} failed and was not restarted: {given_up}"
     elif stopped_at_cap or job_ended_at_cap(store, run_id, status.job_id) is not None:
         kept = (f"its checkpoint at step {step} is kept" if step is not None else
                 "no checkpoint was written: the budget ran out before the first one")

@@ -68,7 +68,7 @@ class Progress:
 def allowed_redo(start: int, reached: int, committed_steps: set[int]) -> int:
     """What a kill at step ``reached`` of an attempt that resumed at ``start`` may redo: one interval, plus the steps
     trained since the newest snapshot when that snapshot's write was still in flight (no checkpoint event for it)."""
-    newest = start + (reached - start) // INTERVAL * INTERVAL  # the schedule: every INTERVAL steps from the resume
+    newest = max(start, reached // INTERVAL * INTERVAL)  # the schedule: on multiples of INTERVAL, across resumes
     if newest == reached and newest - INTERVAL > start and newest - INTERVAL not in committed_steps:
         newest -= INTERVAL  # the save due at `reached` may have been waiting for the write before it: never two
     in_flight = newest > start and newest not in committed_steps

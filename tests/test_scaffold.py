@@ -34,3 +34,16 @@ def test_new_recipe_never_overwrites_and_wants_a_package_name(tmp_path: Path, ca
     assert (tmp_path / "acme.yaml").read_text() == "mine\n" and not (tmp_path / "acme").exists()
     assert main(["new", "recipe", "My-Model", "--dir", str(tmp_path)]) == 2
     assert "must be a Python package name" in capsys.readouterr().err
+
+
+def test_new_script_shows_how_to_rehearse_a_preemption_and_how_to_end_after_a_stop(tmp_path: Path, capsys) -> None:
+    from thrifty.config import load_config
+
+    assert main(["new", "script", "acme", "--dir", str(tmp_path)]) == 0
+    text = (tmp_path / "acme.yaml").read_text()
+    assert "# preempt_after_steps: 100" in text and "emulate: aws:g5.xlarge" in text
+    rehearsal = tmp_path / "rehearse.yaml"
+    rehearsal.write_text(text.replace("# preempt_after_steps: 100", "preempt_after_steps: 100"))
+    cfg = load_config(rehearsal)  # uncommented, it is a valid setting of the local launcher
+    assert cfg.compute.preempt_after_steps == 100 and cfg.compute.emulate == "aws:g5.xlarge"
+    assert "if sess.stopped:" in (tmp_path / "acme" / "train.py").read_text()

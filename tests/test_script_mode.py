@@ -131,6 +131,7 @@ def test_smoke_test_of_a_good_script_measures_its_step_time(tmp_path, monkeypatc
     assert 0 < result.cpu_step_time_s < 5
     assert result.total_steps == 88, "2 epochs x 44 steps, as the script reported it"
     assert len(result.losses) == 4 and all(0 < x < 5 for x in result.losses)
+    assert result.examples_per_step is None and result.parameters is None, "what the script did not say is left out"
     assert not (tmp_path / "store").exists(), "the smoke test trains in a throwaway store"
 
 

@@ -45,8 +45,8 @@ class SmokeResult(_Result):
     steps: int
     losses: list[float]
     cpu_step_time_s: float
-    examples_per_step: int
-    parameters: int
+    examples_per_step: int | None  # None: a script that did not say (sess.describe); the gate then counts in its steps
+    parameters: int | None  # None: a script that did not say
     precision_checked: str
     cache_key: str
     metrics_checked: list[str] = []  # every metric an evaluation reports, produced once on every eval split

@@ -4,7 +4,7 @@ In the script (run by ``recipe: script``, or by hand with a config for local dev
 
     from thrifty import session
 
-    sess = session.init(total_steps=1000)         # $THRIFTY_RUN_CONFIG on a node, or --config FILE / a path
+    sess = session.init(total_steps=1000)         # $THRIFTY_RUN_CONFIG (JSON on a node, or a file's path by hand)
     sess.seed(); model, opt = build()             # seeds from train.seed
     step, state = sess.load_latest() or (0, None) # the run's newest complete checkpoint (RNG restored too)
     if state: model.load_state_dict(state["model"]); opt.load_state_dict(state["optimizer"])
@@ -17,6 +17,8 @@ In the script (run by ``recipe: script``, or by hand with a config for local dev
             sess.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, step)
         if stop:
             break
+    if sess.stopped:                              # a spot notice, the budget cap: the job resumes; end here
+        raise SystemExit(0)
 
 The implementation lives in ``training.session`` (it needs torch); this module names it by module
 path, like the CLI names its commands, so importing ``thrifty`` loads no torch.

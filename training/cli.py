@@ -8,8 +8,8 @@ import os
 import sys
 
 from thrifty.cli import config_for_today, guarded, resolved_config
-from thrifty.config import ENV_VAR, RunConfig, add_config_args
-from thrifty.protocol import EXIT_BUDGET, EXIT_FAILED, EXIT_OK
+from thrifty.config import ENV_VAR, ConfigError, RunConfig, add_config_args
+from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED, EXIT_OK
 
 
 def setup_logging() -> None:
@@ -28,7 +28,8 @@ def config_to_train(args: argparse.Namespace) -> RunConfig:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from thrifty.usercode.script import is_script
-    from training.loop import train
+    from thrifty.storage import StoreError
+    from training.attempt_end import record_exit
 
     setup_logging()
     cfg = config_to_train(args)
@@ -36,6 +37,21 @@ def cmd_train(args: argparse.Namespace) -> int:
         from training.script import run_script
 
         return run_script(cfg)
+    try:
+        code = _train(cfg)
+    except (ConfigError, StoreError) as exc:  # how it ended, for the launcher: exit 2 or a failure it may see again
+        record_exit(cfg, EXIT_BAD_INPUT, exc)
+        raise
+    except Exception as exc:
+        record_exit(cfg, EXIT_FAILED, exc)
+        raise
+    record_exit(cfg, code)
+    return code
+
+
+def _train(cfg: RunConfig) -> int:
+    from training.loop import train
+
     result = train(cfg)
     if result.summary is not None:
         print(result.summary.model_dump_json(indent=2))

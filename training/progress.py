@@ -1,7 +1,8 @@
 """What the loop writes as it goes: metric lines for the attempt, and when to checkpoint next.
 
 ``MetricsWriter``: JSON lines under ``runs/<id>/metrics/`` (one file per attempt). ``CheckpointSchedule``:
-a fixed interval, or Young/Daly from the measured save time and the mean time between preemptions.
+every ``train.checkpoint_every`` steps (on its multiples, across resumes), or Young/Daly from the measured
+save time and the mean time between preemptions.
 """
 
 from __future__ import annotations
@@ -72,7 +73,11 @@ class CheckpointSchedule:
         self.save_s: float | None = None
 
     def due(self, step: int) -> bool:
-        return step - self.last_saved >= self.interval
+        """A fixed interval saves on its multiples, whatever step a resume or a stop's save started from; auto an
+        interval after the last save (its interval moves)."""
+        if self.auto:
+            return step - self.last_saved >= self.interval
+        return step // self.interval > self.last_saved // self.interval
 
     def follow(self, step: int, interval: int) -> None:
         self.last_saved, self.interval = step, interval

@@ -24,6 +24,7 @@ from thrifty.config import ENV_VAR, RunConfig
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from thrifty.usercode.script import ENV_STATUS, ENV_STEP_LIMIT, ScriptParams, SessionStatus, check_script
 from training import signals
+from training.attempt_end import record_exit
 
 log = logging.getLogger("thrifty.usercode.script")
 
@@ -110,6 +111,8 @@ def job_exit_code(code: int, status: SessionStatus | None, forwarded: bool) -> t
                                 "whether the run finished. Let the script return normally, or call sess.close()")
     if code == 0:
         return (status.exit_code or EXIT_OK), status.message
+    if status.closed and status.ended in ("interrupted", "budget"):  # stopped with its work saved, then went on and
+        return (status.exit_code or EXIT_OK), status.message  # failed: the job ends as the stop says (resumed later)
     if code < 0 and forwarded:
         return EXIT_OK, (f"the script was ended by the signal it was sent at step {status.step}; the steps after "
                          f"its last checkpoint ({status.last_saved_step}) are redone on resume")
@@ -128,4 +131,5 @@ def run_script(cfg: RunConfig) -> int:
     exit_code, message = job_exit_code(code, status, forwarded)
     if message:
         print(f"thrifty: {message}", file=sys.stderr)
+    record_exit(cfg, exit_code, (status.error if status and status.error else message) if exit_code else "")
     return exit_code

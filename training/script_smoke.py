@@ -14,7 +14,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from thrifty.money.budget import world_size
 from thrifty.config import RunConfig
 from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, ENV_LEASE_TOKEN, ENV_PRICES
 from thrifty.results import SmokeResult
@@ -81,8 +80,8 @@ def smoke_script(cfg: RunConfig) -> SmokeResult:
         steps=first.step + max(0, second.step - (second.loaded_step or 0)),
         losses=first.losses + second.losses,
         cpu_step_time_s=round(statistics.median(times), 5) if times else 0.0,
-        examples_per_step=cfg.train.examples_per_step(world_size(cfg)),  # the gate's scale: one script step
-        parameters=0,  # the script's model is its own
+        examples_per_step=second.examples_per_step or first.examples_per_step,  # what the script said, or None
+        parameters=second.parameters or first.parameters,
         precision_checked="none (the script's own)",
         cache_key="",
         total_steps=second.total_steps or first.total_steps,

@@ -29,8 +29,9 @@ from thrifty.faults import fault_point
 from thrifty.launchers.identity import identify
 from thrifty.money.meter import NodeMeter
 from thrifty.spot.preemption import config_mtbp, node_mtbp
-from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED
+from thrifty.protocol import EXIT_BAD_INPUT, EXIT_FAILED
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
+from thrifty.runs.exits import error_signature
 from thrifty.usercode.script import ENV_STATUS, ENV_STEP_LIMIT, SessionStatus, is_script, script_params
 from thrifty.storage import open_store
 from training.cap_watchdog import CapWatchdog
@@ -41,10 +42,10 @@ from training.early_stopping import EarlyStopping
 from training.loop import check_compatible, one_trainer
 from training.progress import CheckpointSchedule, MetricsWriter
 from training.runtime import Dist, StopSignal, rng_state, seed_everything, set_rng_state, state_sha256
+from training.session_end import (INTERRUPTIONS, changed_settings, load_failure, mismatch_message, state_mismatch,
+                                  verdict)
 
 log = logging.getLogger("thrifty.session")
-
-INTERRUPTIONS = ("signal", "budget")  # stops that leave the run unfinished (it resumes); the others finish it
 
 
 class ScriptError(ConfigError):
@@ -71,6 +72,7 @@ class Session:
         self._lease.__enter__()
         self._closed, self._crashed = False, False
         self._write_error: Exception | None = None
+        self._saved_cfg: dict[str, Any] | None = None  # the config of the checkpoint resumed from
         self.status_path = os.environ.get(ENV_STATUS)
         limit = os.environ.get(ENV_STEP_LIMIT)
         self.step_limit = int(limit) if limit else None  # the smoke test's: more steps than this is an error
@@ -119,9 +121,10 @@ class Session:
         self._write_status()
 
     # ------------------------------------------------------------------ checkpoints
-    def load_latest(self) -> tuple[int, Any] | None:
+    def load_latest(self, like: Any = None) -> tuple[int, Any] | None:
         """``(step, state)`` of the run's newest complete checkpoint (the RNG streams restored as they were when
-        it was saved), or None for a fresh run."""
+        it was saved), or None for a fresh run. ``like``: the state as the script built it (e.g. ``{"model":
+        model.state_dict()}``); a checkpoint whose tensors do not fit it (keys, shapes) ends the run with exit 2."""
         loaded = self.ckpts.load_latest()
         if loaded is None:
             self._start()
@@ -131,7 +134,11 @@ class Session:
         if meta is None:
             raise ScriptError(f"run {self.run_id!r} has a checkpoint (step {info.step}) not written by a "
                               "thrifty session; use a new run_name")
-        check_compatible(self.cfg, json.loads(meta["config"]), self.run_id)
+        self._saved_cfg = json.loads(meta["config"])
+        check_compatible(self.cfg, self._saved_cfg, self.run_id)
+        problems = state_mismatch(saved["state"], like) if like is not None else []
+        if problems:
+            raise ScriptError(mismatch_message(self.run_id, info.step, problems, self._changed()))
         self.stopper.load_state_dict(meta["early_stopping"])
         set_rng_state(meta["rng"])
         self.step = info.step
@@ -214,6 +221,13 @@ class Session:
                 log.warning("session: stop requested (%s) at step %d", self.stop_reason, self.step)
         return self.stop_reason is not None
 
+    @property
+    def stopped(self) -> bool:
+        """True once a stop left the run unfinished: a spot notice, the budget cap, the smoke test's step limit. The
+        checkpoint is saved and the job resumes it: end the script (skip the test, the export: they need the end)."""
+        return (self.stop_reason in INTERRUPTIONS or self.stop.signum is not None
+                or (self.stop_reason == "step_limit" and self.step_limit is not None and self.step >= self.step_limit))
+
     # ------------------------------------------------------------------ metrics
     def log(self, step: int, **metrics: float) -> None:
         """Metrics of ``step``: ``loss`` and the like become the run's metric lines (every ``train.log_every``
@@ -279,6 +293,11 @@ class Session:
             self._emit({"event": "total_steps", "step": self.step, "total_steps": total})
             self._write_status()
 
+    def describe(self, parameters: int | None = None, examples_per_step: int | None = None) -> None:
+        """What the smoke test reports of the script: its model's parameters, the examples one step trains on."""
+        self.status = self.status.model_copy(update={"parameters": parameters, "examples_per_step": examples_per_step})
+        self._write_status()
+
     def step_time_s(self) -> float | None:
         """The median seconds per step over the recent logged steps."""
         return statistics.median(self.status.step_times_s) if self.status.step_times_s else None
@@ -336,32 +355,9 @@ class Session:
             self._lease.__exit__(None, None, None)
 
     def _verdict(self) -> tuple[str, int | None, str]:
-        if self.status.exit_code == EXIT_BAD_INPUT:
-            return self.status.ended, EXIT_BAD_INPUT, self.status.message
-        if self._write_error is not None:
-            return "crashed", EXIT_FAILED, (f"a checkpoint write failed ({type(self._write_error).__name__}: "
-                                            f"{self._write_error}); the run resumes from its last complete checkpoint")
         if self.stop_reason is None and self.stop.signum is not None:  # a script that exited on the notice without
             self.stop_reason = "signal"  # asking should_stop(): interrupted, never "completed"
-        if self._crashed:
-            return "crashed", None, ""
-        saved = self.status.last_saved_step if self.status.last_saved_step is not None else self.status.loaded_step
-        if self.stop_reason in INTERRUPTIONS:
-            lost = "" if saved == self.step else (
-                f"; steps {saved or 0}..{self.step} were not saved: save before stopping when should_stop() is true")
-            if self.stop_reason == "budget":
-                return "budget", EXIT_BUDGET, (f"stopped at the budget cap at step {self.step}{lost}. Run it again "
-                                               "with a larger budget.max_usd to continue")
-            return "interrupted", 0, f"stopped on a signal at step {self.step}{lost}"
-        if saved is None:
-            return "no_checkpoint", EXIT_BAD_INPUT, (
-                "the script ended without a single sess.save(state, step): a preempted run would restart from "
-                "scratch and pay for its steps again. Save every few steps (sess.should_save(step)) and at the end")
-        if saved < self.step:
-            return "unsaved", EXIT_BAD_INPUT, (
-                f"the script ended at step {self.step} but its last checkpoint is step {saved}: the final steps and "
-                "weights are lost. Call sess.save(state, step) after the last step")
-        return ("stopped_early" if self.stop_reason == "early_stop" else "completed"), 0, ""
+        return verdict(self.status, self.stop_reason, self.step, self._crashed, self._write_error)
 
     def _write_summary(self, ended: str) -> None:
         es = self.cfg.train.early_stopping
@@ -407,13 +403,22 @@ class Session:
         self._excepthook(kind, value, tb)
 
     def _failed(self, exc: BaseException) -> None:
-        """A ScriptError is a misuse with a fix to name (exit 2, never restarted); anything else a crash."""
+        """A ScriptError is a misuse with a fix to name (exit 2, never restarted), and so is a checkpoint the script's
+        model cannot load (before it trained a step); anything else a crash."""
+        unfit = load_failure(exc) if self.status.loaded_step is not None and self.step == self.status.loaded_step \
+            else None
+        if unfit is not None:
+            exc = ScriptError(mismatch_message(self.run_id, self.status.loaded_step, [unfit], self._changed()))
         if isinstance(exc, ScriptError):
             if not self.status.exit_code:
                 self.status = self.status.model_copy(update={"ended": "bad_input", "exit_code": EXIT_BAD_INPUT,
                                                              "message": str(exc)})
         else:
             self._crashed = True
+            self.status = self.status.model_copy(update={"error": error_signature(exc)})
+
+    def _changed(self) -> str:
+        return changed_settings(self._saved_cfg or {}, self.cfg.model_dump(mode="json"))
 
     def __enter__(self) -> "Session":
         return self

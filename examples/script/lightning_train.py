@@ -1,7 +1,7 @@
 """A Lightning script under Thrifty: the one line is `callbacks=[ThriftyCallback()]`.
 
-`python examples/script/lightning_train.py --config CONFIG` by hand, or `recipe: script` with this
-command. Needs `pip install 'thrifty[lightning]'`.
+`THRIFTY_RUN_CONFIG=CONFIG python examples/script/lightning_train.py` by hand, or `recipe: script` with this
+command. Needs `pip install -e '.[lightning]'`.
 """
 
 import argparse
@@ -40,7 +40,9 @@ x, y = load_digits(return_X_y=True)
 data = TensorDataset(torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y))
 train, val = torch.utils.data.random_split(data, [1400, len(data) - 1400], generator=torch.Generator().manual_seed(0))
 pl.seed_everything(0)
-trainer = pl.Trainer(max_epochs=args.epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False,
-                     callbacks=[ThriftyCallback()])  # the one line
+thrifty = ThriftyCallback()  # the one line, in callbacks=[...] below
+trainer = pl.Trainer(max_epochs=args.epochs, accelerator="cpu", enable_progress_bar=False, enable_model_summary=False,
+                     callbacks=[thrifty])
 trainer.fit(Classifier(), DataLoader(train, batch_size=32, shuffle=True), DataLoader(val, batch_size=256))
+if thrifty.stopped:  # a spot notice or the budget cap: the checkpoint is saved and the job resumes it; end here
+    raise SystemExit(0)

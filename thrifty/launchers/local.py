@@ -2,7 +2,8 @@
 
 It gets the same environment a cloud node gets, can be preempted on purpose (SIGTERM then
 SIGKILL after a grace period, or a hard kill), is restarted like SkyPilot's recovery
-(preemptions always; failures up to ``compute.max_restarts``), and meters cost at the price of
+(preemptions always; failures up to ``compute.max_restarts``, but never bad input or a failure that repeats
+the attempt before it: ``thrifty.launchers.failures``), and meters cost at the price of
 the instance it emulates, so budgets and reports work on a laptop: the table's price, or with
 ``budget.prices: live`` its freshest price in the table's region, read again as it ages (the node does the same).
 """
@@ -29,9 +30,11 @@ from thrifty.launchers.base import (JobState, JobStatus, LaunchError, free_loopb
 from thrifty.launchers.notice import send_sigterm
 from thrifty.money.pricing import find_instance, quote_emulated
 from thrifty.money.meter import Price
+from thrifty.launchers.failures import final_failure, program_code
 from thrifty.money.prices import LivePrices, PriceKey, point_quote, price_mode
 from thrifty.money.prices.repricing import Repricer, change_from
-from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, EXIT_BAD_INPUT, EXIT_BUDGET
+from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, EXIT_BUDGET
+from thrifty.runs.exits import ExitRecord, read_exits
 from thrifty.money.ledger import Attempt
 from thrifty.runs import finished_since, latest_progress, read_metrics, run_key
 from thrifty.storage import open_store
@@ -97,10 +100,10 @@ class _Job:
                 return
             if reason == "failed":
                 failures += 1
-                if code == EXIT_BAD_INPUT or failures > self.cfg.compute.max_restarts:
-                    why = "bad input (exit 2)" if code == EXIT_BAD_INPUT else f"{failures} failures"
-                    self._set(JobState.FAILED, f"training exited with code {code}; giving up after {why}. "
-                                               f"Logs: {self.log_dir}")
+                final = final_failure(self._exits(), self.attempts[-1].started_unix, code)  # exit 2, or a repeat
+                if final or failures > self.cfg.compute.max_restarts:
+                    why = f"not restarted: {final}" if final else f"giving up after {failures} failures"
+                    self._set(JobState.FAILED, f"training exited with code {code}; {why}. Logs: {self.log_dir}")
                     return
             self._set(JobState.RECOVERING, f"attempt {len(self.attempts)} {reason}; recovering")
 
@@ -147,7 +150,7 @@ class _Job:
                 if repricer is not None and repricer.due():
                     self._reprice(attempt, repricer)
                 time.sleep(POLL_S)
-        code = self._end_nodes(procs)
+        code = program_code(self._end_nodes(procs), self._exits(), attempt.started_unix)  # (torchrun says 1)
         if code == EXIT_BUDGET:
             reason = "budget"
         elif code == 0 and (reason is None or finished_since(open_store(self.cfg.store, retry_s=self.cfg.store_retry_s),
@@ -243,6 +246,14 @@ class _Job:
                 log.warning("job did not exit within %.0f s of SIGTERM; killing it", grace_s)
         _signal_group(proc, signal.SIGKILL)
         proc.wait()
+
+    def _exits(self) -> list[ExitRecord]:
+        """How the program says this job's attempts ended (``thrifty.runs.exits``)."""
+        try:
+            return read_exits(open_store(self.cfg.store), self.cfg.run_name, self.job_id)
+        except Exception as exc:  # unreadable: the process's exit code decides alone
+            log.warning("cannot read job %s's exit records: %s", self.job_id, exc)
+            return []
 
     def _set(self, state: JobState, message: str) -> None:
         with self.lock:

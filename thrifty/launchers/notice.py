@@ -16,7 +16,9 @@ Usage on a node (what the SkyPilot task's ``run:`` does)::
 Wrapping a command, it exits with the code that tells SkyPilot what happened (see ``exit_code``):
 0 when training finished, 75 (``EXIT_RESUMABLE``, listed in the task's ``recover_on_exit_codes``)
 when it stopped on a notice with its checkpoint saved, so the managed job recovers at once on a
-new VM without spending a restart of ``max_restarts_on_errors``; the program's own code otherwise.
+new VM without spending a restart of ``max_restarts_on_errors``; the program's own code otherwise (from its
+exit record: torchrun says 1 for any failure), except that bad input (2) and a failure that repeats the attempt
+before it exit 0 with the job marked given up (``thrifty.launchers.failures``): no restart can fix them.
 The endpoint base is ``$THRIFTY_METADATA_BASE`` (tests point it at a loopback server).
 """
 
@@ -36,6 +38,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from thrifty.launchers.failures import settle_on_node
 from thrifty.protocol import EXIT_BUDGET, EXIT_RESUMABLE, STOP_KEY, STOPPED_KEY
 
 log = logging.getLogger("thrifty.notice")
@@ -315,6 +318,7 @@ def _stop_request_probe() -> StopRequestProbe | None:
 def wrap(command: list[str], cloud: str | None, poll_s: float | None, signal_children: bool,
          stop_poll_s: float = 10.0, linger_s: float = 600.0) -> int:
     """Run ``command`` under the watchers and return the exit code SkyPilot should see."""
+    started = time.time()
     proc = subprocess.Popen(command)
     state = {"notice": False, "stop": False, "terminated": False}
     signalled = threading.Event()
@@ -347,7 +351,9 @@ def wrap(command: list[str], cloud: str | None, poll_s: float | None, signal_chi
     for w in watchers:
         w.stop()
     finished = _run_finished()
-    code = exit_code(rc, finished, state["notice"], state["stop"], state["terminated"])
+    # the program's own code (torchrun says 1 for any failure) decides; a failure no restart can fix ends the job
+    code = settle_on_node(rc, started, lambda own: exit_code(own, finished, state["notice"], state["stop"],
+                                                               state["terminated"]))
     log.warning("trainer exited %d (finished=%s, notice=%s, stop=%s, sigterm=%s): exiting %d",
                 rc, finished, state["notice"], state["stop"], state["terminated"], code)
     if state["stop"] and stop_probe is not None and not finished:

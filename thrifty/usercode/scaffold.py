@@ -152,7 +152,8 @@ def test_{name}_smoke(tmp_path: Path) -> None:
 SCRIPT = '''\
 """{name}: your own PyTorch training loop under Thrifty (script mode). `thrifty smoke --config {name}.yaml` checks it.
 
-Five session calls make it spot-safe: init, load_latest, log, save, should_stop. Resume is
+Five session calls make it spot-safe: init, load_latest, log, save, should_stop (and sess.stopped after the
+loop: a stopped run resumes later, so it skips what needs the trained model). Resume is
 bit-exact: the session restores the RNG streams with the checkpoint, and batch_indices is a pure
 function of the step. Replace the data and the model with yours; keep the five calls.
 """
@@ -199,6 +200,10 @@ while step < sess.total_steps:
         sess.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, step)
     if stop:
         break
+
+if sess.stopped:  # a spot notice or the budget cap: the checkpoint is saved and the job resumes from it; end here
+    raise SystemExit(0)
+# the run is finished (or stopped early): what needs the trained model goes here (a test set, an export)
 '''
 
 SCRIPT_CONFIG = '''\
@@ -212,6 +217,9 @@ train:
   early_stopping: {metric: val_loss, mode: min, patience: 3}
 compute:
   launcher: local                  # skypilot for real spot GPUs (store must then be s3://, gs:// or az://)
+  emulate: aws:g5.xlarge           # the local launcher bills at this instance's spot price
+  # rehearse a spot preemption on this machine: SIGTERM at step 100, a checkpoint, the job resumes from it
+  # preempt_after_steps: 100
 budget:
   max_usd: 1.0
 '''

@@ -176,6 +176,9 @@ class SessionStatus(BaseModel):
     ended: str = ""  # completed | stopped_early | interrupted | budget | crashed | no_checkpoint | unsaved | diverged
     exit_code: int | None = None  # the exit the session's verdict asks for (None: the process's own)
     message: str = ""
+    error: str = ""  # the uncaught error the script crashed with: "Type: first line" (the launchers compare them)
+    parameters: int | None = None  # the script's model, as it told (sess.describe; the Lightning callback does)
+    examples_per_step: int | None = None  # examples one optimizer step trains on, as it told
 
     def write(self, path: str | Path) -> None:
         atomic_write_bytes(Path(path), self.model_dump_json().encode())
