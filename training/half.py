@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -11,18 +12,20 @@ TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def to_half(weights: dict[str, torch.Tensor], dtype: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Floating tensors in ``dtype`` (others as they are), each storage once: (tensors, alias -> name written)."""
+    """Floating tensors in ``dtype`` (others as they are), each distinct tensor once: (tensors, alias -> name
+    written). Tensors equal in dtype, shape and every byte (tied embeddings: a checkpoint's copy no longer shares
+    their storage) are one entry, the others named as its aliases: lossless, as they are equal."""
     out: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple, str] = {}
     for name in sorted(weights):
-        t = weights[name]
-        ident = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
-        if t.numel() and ident in seen:
+        t = weights[name].detach().cpu().contiguous()
+        ident = (t.dtype, tuple(t.shape), hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy()).digest())
+        if ident in seen:
             aliases[name] = seen[ident]
             continue
         seen[ident] = name
-        out[name] = (t.to(TORCH_DTYPES[dtype]) if t.is_floating_point() else t).detach().cpu().contiguous().clone()
+        out[name] = (t.to(TORCH_DTYPES[dtype]) if t.is_floating_point() else t).clone()
     return out, aliases
 
 

@@ -16,7 +16,7 @@ from thrifty.config import ConfigError
 from thrifty.runs import checkpoints, run_key
 from thrifty.runs.checkpoints import CheckpointInfo
 from thrifty.runs.reuse import HALF_DTYPES, HalfExport, read_export
-from thrifty.storage import Store
+from thrifty.storage import Archived, Store
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,19 @@ def pick(store: Store, run_id: str, selector: str) -> Picked:
     elif selector in HALF_DTYPES:
         gold = gold_checkpoint(store, run_id, infos)
         order = ([gold] if gold else []) + [c for c in reversed(infos) if c is not gold]
+        cold = sum(1 for c in infos if c.archived)
         for c in order:
-            if not c.archived and (export := read_export(store, c.prefix, selector)) is not None:
+            try:
+                export = None if c.archived else read_export(store, c.prefix, selector)
+            except Archived:
+                cold += 1
+                continue
+            if export is not None:
                 return Picked(c, export)
-        raise ConfigError(f"run {run_id!r} has no {selector} export; make one with `thrifty archive gold {run_id} "
-                          f"--export {selector} --store {store.uri}`, or use init_from: run:{run_id}:gold")
+        restore = (f" ({cold} of its checkpoints or exports are archived in cold storage: `thrifty archive restore "
+                   f"{run_id} --store {store.uri}` brings them back)" if cold else "")
+        raise ConfigError(f"run {run_id!r} has no readable {selector} export{restore}; make one with `thrifty archive "
+                          f"gold {run_id} --export {selector} --store {store.uri}`, or use init_from: run:{run_id}:gold")
     else:
         raise ConfigError(f"unknown selector {selector!r}; use gold, best, latest, fp16 or bf16")
     if info.archived:

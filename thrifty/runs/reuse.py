@@ -86,7 +86,8 @@ def read_init_record(store: Store, run_id: str) -> WarmStart | None:
 
 
 def read_export(store: Store, ckpt_prefix: str, dtype: str) -> HalfExport | None:
-    """The export of one checkpoint in ``dtype``, or None when there is none (or it is unfinished or damaged)."""
+    """The export of one checkpoint in ``dtype``, or None when there is none (or it is unfinished or damaged);
+    ``Archived`` when its record is in cold storage."""
     try:
         return HalfExport.model_validate(json.loads(store.get_bytes(join_key(ckpt_prefix, export_record_name(dtype)))))
     except (NotFound, ValidationError, ValueError):
