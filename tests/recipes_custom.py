@@ -185,13 +185,13 @@ def duplicated() -> Recipe:
 
 
 def token_texts(params: DigitsParams) -> Dataset:
-    """Random 'texts' of 48 token ids, with near-duplicates planted: 6 training texts again with 2 tokens changed,
+    """Random 'texts' of 128 token ids, with near-duplicates planted: 6 training texts again with 1 token changed,
     and 3 validation texts in train with 1 token changed."""
     rng = np.random.default_rng(7)
-    train = rng.integers(0, 500, size=(240, 48)).astype(np.int64)
-    val = rng.integers(0, 500, size=(40, 48)).astype(np.int64)
+    train = rng.integers(0, 500, size=(240, 128)).astype(np.int64)
+    val = rng.integers(0, 500, size=(40, 128)).astype(np.int64)
     near = train[:6].copy()
-    near[:, [10, 30]] = 499 - near[:, [10, 30]]
+    near[:, 64] = 499 - near[:, 64]
     leaked = val[:3].copy()
     leaked[:, 20] = 499 - leaked[:, 20]
     train = np.concatenate([train, near, leaked])

@@ -115,7 +115,9 @@ class Deduper:
         from datasketch import MinHash, MinHashLSH
 
         if self._lsh is None:
-            self._lsh = MinHashLSH(threshold=self.settings.near_threshold, num_perm=NEAR_NUM_PERM)
+            # candidates from a looser band setting (recall: an estimate near the threshold still gets checked)
+            self._lsh = MinHashLSH(threshold=min(0.9, max(0.1, self.settings.near_threshold - 0.1)),
+                                   num_perm=NEAR_NUM_PERM)
             self._sigs = {}
             self._perms = MinHash(num_perm=NEAR_NUM_PERM, seed=1, scheme="affine32").permutations
         m = MinHash(num_perm=NEAR_NUM_PERM, seed=1, hashfunc=int, permutations=self._perms, scheme="affine32")
