@@ -102,3 +102,12 @@ def test_smoke_and_training_read_the_deduplicated_entry(tmp_path) -> None:
                         "train": {"max_epochs": 1, "micro_batch": 32, "precision": "fp32", "checkpoint_every": 5}})
     result = smoke_test(cfg)
     assert result.cache_key == shards(tmp_path / "store", "recipes_custom:duplicated", "exact").key
+
+
+def test_script_mode_refuses_what_only_a_recipe_has() -> None:
+    from training.validate import check_config
+
+    for extra in ({"data": {"dedup": "exact"}}, {"train": {"init_from": "run:x"}}, {"train": {"export_half": "fp16"}}):
+        cfg = build_config({"recipe": "script", "recipe_params": {"command": "python train.py"}, **extra})
+        with pytest.raises(ConfigError, match="script mode's command loads, saves and reads its own"):
+            check_config(cfg)

@@ -58,8 +58,9 @@ class RunConfig(_Frozen):
         default_factory=dict,
         description="The recipe's own options as JSON, checked before anything is rented; empty = its defaults. "
         "digits: hidden (MLP units, 128), dropout (0.1), val_fraction (0.2), split_seed, limit (first N examples). "
-        "codelm: max_files, max_bytes, exclude_dirs, val_every, vocab_size (2048), min_frequency, seq_len (128), "
-        "n_layer (3), n_head (4), n_embd (128), dropout. script: command (required), smoke_steps (3), "
+        "codelm: max_files, max_bytes, exclude_dirs, val_every, vocab_size (2048), min_frequency, "
+        "tokenizer_max_bytes, seq_len (128), n_layer (3), n_head (4), n_embd (128), dropout. script: command "
+        "(required), smoke_steps (3), "
         "smoke_timeout_s, total_steps, env. E.g. {\"hidden\": 256}.",
     )
     store: StoreUri = Field(".thrifty/store", description="Where shards, checkpoints and ledgers go: a path, file://, s3://, gs://, az://.")
