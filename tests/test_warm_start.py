@@ -194,3 +194,21 @@ def test_nightly_chain_counts_steps_not_trained_against_the_scratch_run(store_di
     figures = savings.breakdown("nightly-20261103", [attempt], read_summary(store, "nightly-20261103"), False, 0.0, [])
     per_step = (figures.actual_usd + figures.levers_usd["spot"]) / night3.summary.steps  # on-demand, fp32 on CPU
     assert figures.levers_usd["warm_start"] == pytest.approx(per_step * warm.steps_not_trained, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_init_from_a_checkpoint_and_an_export_of_another_store_on_s3(request, monkeypatch, store_dir: Path) -> None:
+    """Store URIs of another store (moto's S3 on loopback): a checkpoint directory and an exported safetensors."""
+    from stores import _s3_backend
+    from training.export import export_checkpoint
+
+    s3 = _s3_backend(request, monkeypatch)
+    train(config(s3.uri, "remote", max_epochs=1))
+    remote = open_store(s3.uri)
+    best = checkpoints.best_checkpoint(remote, "remote")
+    record = export_checkpoint(remote, "remote", best, "fp16", 0.01)
+    for uri, fmt in ((f"{s3.uri}/{best.prefix}", "checkpoint"), (f"{s3.uri}/{record.key}", "safetensors")):
+        result = train(config(store_dir, f"local-{fmt}", init_from=uri, max_epochs=1))
+        warm = result.summary.init_from
+        assert (warm.format, warm.step, warm.run, warm.source) == (fmt, best.step, None, uri)
+        assert warm.read.endswith(record.key if fmt == "safetensors" else f"{best.prefix}/state.pt")

@@ -129,7 +129,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_prices(args: argparse.Namespace) -> int:
     """Print the price table (instances, or storage tiers), filtered by accelerator and cloud."""
-    from thrifty.money.pricing import PricingError, prices_text
+    from thrifty.money.prices.text import prices_text
+    from thrifty.money.pricing import PricingError
 
     try:
         print(prices_text(args.accelerator, args.cloud, args.storage, args.source), end="")
@@ -314,10 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "config":
             p.add_argument("--schema", action="store_true", help="print the JSON schema instead")
 
-    p = sub.add_parser("plan", help="print the SkyPilot task YAML and its candidates ranked by the run's estimated cost (offline)")
+    p = sub.add_parser("plan", help="print the SkyPilot task YAML and its candidates ranked by the run's estimated cost at "
+                                    "today's prices (nothing launched)")
     add_config_args(p)
     p.add_argument("--source", choices=["auto", "offline", "skypilot"], default="auto",
-                   help="prices: SkyPilot's catalog when on this machine (auto), the shipped table, or the catalog only")
+                   help="prices: the freshest (auto: the clouds' own sources, then SkyPilot's catalog, then the dated table), the "
+                        "shipped table only, or SkyPilot's catalog only")
     p.add_argument("--speeds", choices=["store", "table"], default="store",
                    help="speeds: measured in the store's runs of this model first (store), or the throughput table only")
     p.set_defaults(func=cmd_plan)
@@ -334,7 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cloud", action="append", choices=["aws", "gcp", "azure"], help="only this cloud (repeatable)")
     p.add_argument("--storage", action="store_true", help="storage tier prices ($/GB-month) instead of instances")
     p.add_argument("--source", choices=["auto", "offline", "skypilot"], default="auto",
-                   help="SkyPilot's catalog when on this machine (auto), the shipped table, or the catalog only")
+                   help="the freshest (auto: the clouds' own sources, then SkyPilot's catalog, then the dated table), the shipped "
+                        "table only, or SkyPilot's catalog only")
     p.set_defaults(func=cmd_prices)
 
     p = sub.add_parser("archive", help="move stale checkpoints and cache to cold storage (dry run unless --apply); "

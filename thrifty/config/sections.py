@@ -316,6 +316,18 @@ class BudgetConfig(_Frozen):
     allow_over_budget: bool = Field(
         False, description="Launch even when the pre-launch estimate exceeds max_usd (the hard cap still applies)."
     )
+    prices: Literal["auto", "live", "table"] = Field(
+        "auto",
+        description="Where dollars per hour come from. live: the clouds' own sources (EC2 spot price history, Azure's "
+        "Retail Prices API, SkyPilot's catalog), cached in the store, the shipped table last; table: the shipped table "
+        "only (offline); auto: live on a cloud, the table for the local launcher's emulated instance.",
+    )
+    spot_price_max_age_s: float = Field(
+        3600.0, gt=0.0,
+        description="A spot price older than this is read again from its source: before a launch, by the watch loop "
+        "and by the node while it trains, which meters each interval at the price then in force (s). On-demand "
+        "prices are read again daily.",
+    )
 
     @field_validator("thresholds")
     @classmethod

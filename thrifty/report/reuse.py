@@ -8,8 +8,9 @@ from thrifty.runs.reuse import HalfExport, WarmStart
 def warm_start_text(warm: WarmStart) -> str:
     """'run:nightly-20261123:gold (step 450, weights 3f2a…; 12 tensors loaded) — 1,650 steps not trained against
     nightly-20261120 from scratch'."""
-    what = f"`{warm.source}` (step {warm.step}, {warm.dtype} weights `{warm.weights_sha256[:12]}…`; {warm.loaded} " \
-           f"tensors loaded" + (f", {warm.left_fresh} left fresh" if warm.left_fresh else "") + ")"
+    step = f"step {warm.step}, " if warm.step is not None else ""
+    what = f"`{warm.source}` ({step}{warm.dtype} weights `{warm.weights_sha256[:12]}…`; {warm.loaded} tensors " \
+           f"loaded" + (f", {warm.left_fresh} left fresh" if warm.left_fresh else "") + ")"
     if warm.reference_run is None:
         return what + "; no from-scratch run to compare with in this store"
     reach = (f"needed {warm.reference_steps:,} steps to reach this run's best" if warm.reference_reached else
