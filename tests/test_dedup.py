@@ -111,3 +111,13 @@ def test_script_mode_refuses_what_only_a_recipe_has() -> None:
         cfg = build_config({"recipe": "script", "recipe_params": {"command": "python train.py"}, **extra})
         with pytest.raises(ConfigError, match="script mode's command loads, saves and reads its own"):
             check_config(cfg)
+
+
+def test_near_on_codelm_reads_its_token_windows(store_dir) -> None:
+    r = resolve_recipe("codelm")
+    params = r.parse_params({"max_bytes": 60_000, "val_every": 3, "vocab_size": 300, "seq_len": 32})
+    entry = ensure_shards(open_store(str(store_dir)), r, params, dedup=DataConfig(dedup="near"))
+    record = entry.manifest["dedup"]
+    assert record["text_array"] == "tokens" and record["mode"] == "near"
+    kept = {s: entry.manifest["splits"][s]["tokens"]["shape"][0] for s in ("train", "val")}
+    assert {s: kept[s] + sum(record["removed"].get(s, {}).values()) for s in kept} == record["examples_before"]
