@@ -122,7 +122,7 @@ def test_prefixes_keep_the_backbone_under_a_new_head(store_dir: Path) -> None:
 def test_bad_sources_say_what_to_change(source: Path) -> None:
     store = open_store(str(source))
     for spec, message in (("run:nope", "no run 'nope'"), (str(source / "runs" / "src" / "ckpt"), "no complete checkpoint"),
-                          ("run:src:fp16", "no fp16 export.*thrifty archive gold src --export fp16")):
+                          ("run:src:fp16", "no readable fp16 export.*thrifty archive gold src --export fp16")):
         with pytest.raises(ConfigError, match=message):
             warm_start.locate(store, config(source, "x", init_from=spec))
     # a checkpoint whose data changed since its commit record is refused, not loaded
