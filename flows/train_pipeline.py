@@ -32,6 +32,7 @@ from thrifty.money.unwatched import settle
 from thrifty.launchers.preflight import check_before_spending
 from thrifty.results import PipelineResult, PrepResult, SmokeResult
 from thrifty.runs import finished_summary
+from thrifty.runs.lineage import resolve_previous
 from thrifty.usercode.script import is_script
 from thrifty.storage import open_store
 from training.validate import check_config
@@ -98,11 +99,14 @@ def _run(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None) -> 
 
 def pipeline(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None = None) -> PipelineResult | State:
     logger = get_run_logger()
-    config = config.resolved(scheduled_date())  # 'nightly-{date}' -> a new run each night, validated again
+    template, config = config.run_name, config.resolved(scheduled_date())  # 'nightly-{date}' -> a new run each night
     earlier = tag_run(config.run_name, logger)  # the UI's one-click filter for this run's flow runs
     check_before_spending(config)  # launcher, prices, credentials, the store: nothing written yet
     check_config(config)  # what the training program would reject, by the same code, before anything is rented
     store = open_store(config.store)
+    config, said = resolve_previous(store, config, template)  # init_from: previous -> the schedule's last finished run
+    if said:
+        logger.info("warm start: %s", said)
     saved = checkpoints.committed(store, config.run_name)
     say_where_it_starts(config.run_name, earlier, saved[-1].step if saved else None, logger)
     held = lease.read(store, config.run_name)

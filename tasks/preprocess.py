@@ -34,7 +34,7 @@ class ShardCacheKey(CachePolicy):
                     **kwargs: Any) -> str | None:
         cfg: RunConfig = inputs["config"]
         recipe = resolve_recipe(cfg.recipe)
-        key = cache_key(recipe, recipe.parse_params(cfg.recipe_params))
+        key = cache_key(recipe, recipe.parse_params(cfg.recipe_params), cfg.data)
         store = open_store(cfg.store)
         if read_manifest(store, key) is None:
             return None
@@ -63,7 +63,8 @@ def preprocess(config: RunConfig) -> PrepResult:
     recipe, params = check_config(config)
     world = world_size(config)
     # a run that cannot train on this data (e.g. micro_batch larger than it) writes nothing: checked before the shards
-    result = ensure_shards(open_store(config.store), recipe, params, lambda sizes: check_data(config, sizes, world))
+    result = ensure_shards(open_store(config.store), recipe, params, lambda sizes: check_data(config, sizes, world),
+                           dedup=config.data)
     splits = result.manifest["splits"]
     return PrepResult(
         key=result.key,
@@ -72,4 +73,5 @@ def preprocess(config: RunConfig) -> PrepResult:
         cold_seconds=result.manifest.get("preprocess_seconds", 0.0),
         examples={split: arrays[next(iter(arrays))]["shape"][0] for split, arrays in splits.items()},
         bytes=sum(s["bytes"] for arrays in splits.values() for spec in arrays.values() for s in spec["shards"]),
+        dedup=f"{config.data.dedup}: {result.manifest['dedup']['summary']}" if "dedup" in result.manifest else "off",
     )

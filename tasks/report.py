@@ -9,6 +9,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from thrifty.report import chart
+from thrifty.report.reuse import export_text, warm_start_text
 from thrifty.money import savings
 from thrifty.money.estimate import Estimate
 from thrifty.config import RunConfig
@@ -67,6 +68,9 @@ def render_summary(run_id: str, prep: PrepResult, smoke: SmokeResult, estimate: 
     rows = [
         ("preprocessing cache", f"none ({prep.note})" if prep.note else
          f"{'hit' if prep.hit else 'miss'} ({prep.seconds:.1f} s, key `{prep.key[:12]}`)"),
+        *([("deduplication", prep.dedup)] if prep.dedup else []),
+        *([("weights from", warm_start_text(summary.init_from))] if summary and summary.init_from else []),
+        *([("half-precision export", export_text(summary.half_export))] if summary and summary.half_export else []),
         ("smoke test", f"passed: {smoke.steps} steps on CPU, "
                        + ("saved and resumed" if prep.note else smoke.precision_checked)
                        + f", {smoke.cpu_step_time_s:.4f} s/step"),

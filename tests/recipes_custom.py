@@ -123,3 +123,92 @@ def variant_int64_wider() -> Recipe:
 def not_a_step_output() -> Recipe:
     return dataclasses.replace(variant_int64(), name="custom-bad-step",
                                step=lambda model, batch: model(batch["x"]).mean())
+
+
+# ---- reuse (issue 27): a backbone under a head, a task that keeps the backbone, data with duplicates planted
+
+
+class BackboneHead(torch.nn.Module):
+    def __init__(self, features: int, hidden: int, classes: int):
+        super().__init__()
+        self.backbone = torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.ReLU())
+        self.head = torch.nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+def backbone_model(params, meta):
+    return BackboneHead(meta["features"], params.hidden, meta["classes"])
+
+
+def plain_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> StepOutput:
+    logits = model(batch["x"])
+    correct = (logits.argmax(-1) == batch["y"]).sum().item()
+    return StepOutput(loss=F.cross_entropy(logits.float(), batch["y"]), count=len(batch["y"]),
+                      sums={"correct": float(correct)})
+
+
+def backbone() -> Recipe:
+    """digits on a model with named parts: what a pretrained backbone comes from."""
+    return dataclasses.replace(variant_int64(), name="custom-backbone", build_model=backbone_model, step=plain_step)
+
+
+def parity_data(params: DigitsParams) -> Dataset:
+    data = digits_preprocess(params)
+    for arrays in data.splits.values():
+        arrays["y"] = arrays["y"] % 2
+    data.meta["classes"] = 2
+    return data
+
+
+def parity() -> Recipe:
+    """Another task on the same inputs (odd or even): a new two-class head under digits' backbone."""
+    return dataclasses.replace(backbone(), name="custom-parity", preprocess=parity_data)
+
+
+PLANTED = {"within_train": 7, "leaked_val": 5}
+
+
+def digits_with_duplicates(params: DigitsParams) -> Dataset:
+    """digits with 7 training examples repeated inside train and 5 validation examples copied into train."""
+    data = digits_preprocess(params)
+    train, val = data.splits["train"], data.splits["val"]
+    for name in train:
+        train[name] = np.concatenate([train[name], train[name][:PLANTED["within_train"]],
+                                      val[name][:PLANTED["leaked_val"]]])
+    return data
+
+
+def duplicated() -> Recipe:
+    return dataclasses.replace(variant_int64(), name="custom-duplicated", preprocess=digits_with_duplicates)
+
+
+def token_texts(params: DigitsParams) -> Dataset:
+    """Random 'texts' of 128 token ids, with near-duplicates planted: 6 training texts again with 1 token changed,
+    and 3 validation texts in train with 1 token changed."""
+    rng = np.random.default_rng(7)
+    train = rng.integers(0, 500, size=(240, 128)).astype(np.int64)
+    val = rng.integers(0, 500, size=(40, 128)).astype(np.int64)
+    near = train[:6].copy()
+    near[:, 64] = 499 - near[:, 64]
+    leaked = val[:3].copy()
+    leaked[:, 20] = 499 - leaked[:, 20]
+    train = np.concatenate([train, near, leaked])
+    return Dataset(splits={"train": {"tokens": train}, "val": {"tokens": val}}, meta={"vocab": 500})
+
+
+def bag_of_tokens(params, meta):
+    return torch.nn.EmbeddingBag(meta["vocab"], meta["vocab"])
+
+
+def last_token_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> StepOutput:
+    tokens = batch["tokens"]
+    logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.float(), tokens[:, -1])
+    return StepOutput(loss=loss, count=len(tokens), sums={})
+
+
+def texts() -> Recipe:
+    return Recipe(name="custom-texts", params_model=DigitsParams, fingerprint_raw=fingerprint_raw,
+                  preprocess=token_texts, build_model=bag_of_tokens, step=last_token_step)

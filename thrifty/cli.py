@@ -29,6 +29,7 @@ ELSEWHERE = {
     "run": "flows.cli:cmd_run",
     "sweep": "flows.cli:cmd_sweep",
     "archive --apply": "flows.cli:cmd_archive_apply",
+    "archive gold --export": "training.export:cmd_export",
     "deploy": "deployments.deploy:cmd_deploy",
 }
 
@@ -204,7 +205,9 @@ def cmd_archive(args: argparse.Namespace) -> int:
         "the command line")
     action = args.archive_command
     if action in ("gold", "pin", "unmark"):
-        return _archive_mark(settings, action, args.target)
+        done = _archive_mark(settings, action, args.target)
+        args.settings = settings
+        return elsewhere("archive gold --export")(args) if getattr(args, "export", None) else done
     if action == "restore":
         return _archive_restore(settings, args)
     if action == "lifecycle":
@@ -366,6 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
         q = asub.add_parser(name, help=f"{what}; TARGET is a RUN_ID or a key prefix like runs/RUN/ckpt/step-000000120")
         q.add_argument("target", metavar="TARGET")
         _archive_options(q)
+        if name == "gold":
+            q.add_argument("--export", choices=["fp16", "bf16"], help="also write the gold weights as safetensors in "
+                           "this half precision beside their checkpoint, checked against the full ones (needs torch)")
+            q.add_argument("--tolerance", type=float, default=0.01, help="with --export: how far the exported weights "
+                           "may move the run's early-stopping metric, relative (default 0.01 = 1 %%)")
     q = asub.add_parser("lifecycle", help="print (or --apply) equivalent S3 / GCS bucket lifecycle rules")
     q.add_argument("--apply", action="store_true", default=argparse.SUPPRESS, help="install the rules on the bucket")
     _archive_options(q)

@@ -31,6 +31,7 @@ class PrepResult(_Result):
     examples: dict[str, int]  # examples per split
     bytes: int  # shard bytes in the store
     note: str = ""  # why there is no cache entry (script mode reads its own data)
+    dedup: str = ""  # data.dedup and what it removed ("exact: 12 duplicates removed ..."), as the manifest says
 
     @classmethod
     def none(cls, why: str) -> "PrepResult":

@@ -24,8 +24,10 @@ import numpy as np
 import torch
 
 from thrifty.config import ConfigError
+from thrifty.config.reuse import DataConfig
 from thrifty.runs.shards import entry_prefix, mark_used, read_manifest
 from thrifty.storage import NotFound, Store, join_key
+from training.dedup import Deduper
 from training.recipes.base import Recipe, RecipeParams
 from training.shard_write import FORMAT_VERSION, SizeCheck, require_examples, write_shards
 
@@ -41,8 +43,9 @@ log = logging.getLogger("thrifty.data")
 RESIDENT_BYTES = 128 * 2**20
 
 
-def cache_key(recipe: Recipe, params: RecipeParams) -> str:
-    """Hash of raw-data fingerprint + preprocessing source + params: equal keys mean equal shards."""
+def cache_key(recipe: Recipe, params: RecipeParams, data: DataConfig | None = None) -> str:
+    """Hash of raw-data fingerprint + preprocessing source + params (+ the ``data`` section's deduplication, when
+    on): equal keys mean equal shards."""
     parts = {
         "format": FORMAT_VERSION,
         "recipe": recipe.name,
@@ -50,6 +53,8 @@ def cache_key(recipe: Recipe, params: RecipeParams) -> str:
         "code": hashlib.sha256(recipe.preprocessing_source().encode()).hexdigest(),
         "params": params.model_dump(mode="json"),
     }
+    if data is not None and data.cache_part() is not None:  # off adds nothing: older entries keep their keys
+        parts["data"] = data.cache_part()
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -165,11 +170,12 @@ class DamagedCache(RuntimeError):
 
 
 def ensure_shards(store: Store, recipe: Recipe, params: RecipeParams, check: SizeCheck | None = None,
-                  rebuild: bool = False) -> CacheResult:
-    """Return the cached shards for (data, code, params), preprocessing only on a miss (or when ``rebuild``).
-    ``check`` sees the splits' sizes before anything is written: a run that cannot train writes nothing."""
+                  rebuild: bool = False, dedup: DataConfig | None = None) -> CacheResult:
+    """Return the cached shards for (data, code, params, ``dedup``), preprocessing only on a miss (or when
+    ``rebuild``). ``check`` sees the splits' sizes before anything is written: a run that cannot train writes
+    nothing."""
     t0 = time.perf_counter()
-    key = cache_key(recipe, params)
+    key = cache_key(recipe, params, dedup)
     manifest = None if rebuild else read_manifest(store, key)
     if manifest is not None:
         if check is not None:
@@ -183,7 +189,12 @@ def ensure_shards(store: Store, recipe: Recipe, params: RecipeParams, check: Siz
         data = recipe.preprocess(params)  # a Dataset, or a generator of chunks consumed as the shards are written
     except OSError as exc:  # the raw data is gone or unreadable: a setting or a file to fix, not a crash
         raise ConfigError(f"recipe {recipe.name!r} could not read its raw data: {exc}") from None
-    manifest = write_shards(store, key, data, recipe, params, check=check, started=t0)
+    deduper = Deduper.maybe(dedup, recipe)  # data.dedup: duplicates out before the shards are written
+    data = deduper.filter(data) if deduper else data
+    manifest = write_shards(store, key, data, recipe, params, check=check, started=t0,
+                            annotate=deduper and (lambda: {"dedup": deduper.manifest_entry()}))
+    if deduper:
+        log.info("preprocess cache %s: %s", key, deduper.sentence())
     return CacheResult(key, False, manifest, time.perf_counter() - t0)
 
 
@@ -204,16 +215,16 @@ def manifest_sizes(manifest: dict[str, Any]) -> dict[str, int]:
     return {split: arrays[next(iter(arrays))]["shape"][0] for split, arrays in manifest["splits"].items() if arrays}
 
 
-def open_cache(store: Store, recipe: Recipe, params: RecipeParams,
-               check: SizeCheck | None = None) -> tuple[CacheResult, dict[str, Split]]:
+def open_cache(store: Store, recipe: Recipe, params: RecipeParams, check: SizeCheck | None = None,
+               dedup: DataConfig | None = None) -> tuple[CacheResult, dict[str, Split]]:
     """The entry and the splits the recipe reads (train and its eval splits), every shard checked against the
     manifest; a damaged entry is preprocessed again."""
-    cache = ensure_shards(store, recipe, params, check)
+    cache = ensure_shards(store, recipe, params, check, dedup=dedup)
     try:
         return cache, {name: load_split(store, cache.manifest, name) for name in recipe.splits}
     except DamagedCache as exc:
         log.warning("%s; preprocessing the entry again", exc)
-    cache = ensure_shards(store, recipe, params, check, rebuild=True)
+    cache = ensure_shards(store, recipe, params, check, rebuild=True, dedup=dedup)
     return cache, {name: load_split(store, cache.manifest, name) for name in recipe.splits}
 
 

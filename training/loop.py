@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import torch
 
 from thrifty.config import ConfigError, RunConfig
-from thrifty.config.run import PAUSE_AND_IO_FIELDS
+from thrifty.config.run import comparable_train
 from thrifty.runs import lease
 from thrifty.faults import fault_point, pace
 from thrifty.launchers.identity import identify
@@ -32,6 +32,7 @@ from thrifty.protocol import ENV_LEASE_TOKEN
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
 from thrifty.money.throughput import speed_key
+from training import export, warm_start
 from training.cap_watchdog import CapWatchdog, armed
 from training.checkpoint import CheckpointManager
 from training.ckpt_writer import CheckpointWriter, Written
@@ -97,7 +98,7 @@ def check_compatible(cfg: RunConfig, saved_cfg: dict[str, Any], run_id: str) -> 
             f"run {run_id!r} has checkpoints from recipe {saved_cfg.get('recipe')!r}, but this config uses "
             f"recipe {cfg.recipe!r}. Use a new run_name for a new experiment, or set recipe back."
         )
-    saved_train = {k: v for k, v in (saved_cfg.get("train") or {}).items() if k not in PAUSE_AND_IO_FIELDS}
+    saved_train = comparable_train(saved_cfg.get("train") or {})
     changed = sorted(k for k, now, then in (("recipe_params", cfg.recipe_params, saved_cfg.get("recipe_params")),
                                             ("train", cfg.train_settings(), saved_train)) if now != then)
     if changed:
@@ -169,10 +170,10 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         check_data(cfg, sizes, dist.world)
 
     if dist.is_main:
-        cache, splits = open_cache(store, recipe, params, fits)
+        cache, splits = open_cache(store, recipe, params, fits, dedup=cfg.data)
     dist.barrier()
     if not dist.is_main:
-        cache, splits = open_cache(store, recipe, params, fits)
+        cache, splits = open_cache(store, recipe, params, fits, dedup=cfg.data)
     check_arrays(recipe, cache.manifest)
     train_split = splits["train"]
     global_batch = tc.examples_per_step(dist.world)
@@ -224,6 +225,8 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         set_rng_state(rngs[dist.rank] if dist.rank < len(rngs) else rngs[0])
         log.info("resumed run %r from step %d (epoch %d, batch %d of %d)", run_id, state.step, state.epoch,
                  state.batch_in_epoch, steps_per_epoch)
+    elif tc.init_from:  # a warm start: another run's weights, only while this run has no checkpoint of its own
+        warm_start.apply(store, cfg, model, ema, record=dist.is_main)
     ddp_model = model
     if dist.enabled:
         ddp_model = torch.nn.parallel.DistributedDataParallel(
@@ -432,6 +435,8 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             cache_key=cache.key,
             training_fingerprint=cfg.training_fingerprint(),
             weights_sha256=weights_sha256(model.state_dict()),
+            init_from=warm_start.summary_record(store, cfg, state.step, stopper.best),
+            half_export=export.at_end(store, run_id, best_ckpt, tc, device),  # train.export_half: null = none
             **recipe.summary_fields(cache.manifest["meta"]),
         )
         write_summary(store, summary)

@@ -207,12 +207,13 @@ def _guarded(recipe: Recipe, chunks: Iterator[Dataset]) -> Iterator[Dataset]:
 
 def write_shards(store: Store, key: str, data: Preprocessed, recipe: Recipe, params: RecipeParams,
                  preprocess_seconds: float = 0.0, *, check: SizeCheck | None = None,
-                 started: float | None = None) -> dict[str, Any]:
+                 started: float | None = None, annotate: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Stream a Dataset or Dataset chunks into shards, check the sizes, then write the manifest (the commit).
 
     Returns the manifest. On a failed check, a bad chunk or an error from the recipe's generator, every
     shard written is removed again and the error raised: nothing committed remains. ``started`` (a
-    ``time.perf_counter()``) makes the manifest's preprocess time the whole miss, chunks and writes together.
+    ``time.perf_counter()``) makes the manifest's preprocess time the whole miss, chunks and writes together;
+    ``annotate`` adds entries to the manifest once every chunk is written (what deduplication removed).
     """
     entry = _EntryWriter(store, key, recipe)
     try:
@@ -239,6 +240,7 @@ def write_shards(store: Store, key: str, data: Preprocessed, recipe: Recipe, par
             "preprocess_seconds": round(seconds, 3),  # what a cache hit saves
             "splits": splits,
             "meta": entry.meta,
+            **(annotate() if annotate else {}),
         }
         store.put_bytes(join_key(entry.prefix, MANIFEST), json.dumps(manifest, indent=1).encode())
     except BaseException:

@@ -22,6 +22,8 @@ from thrifty.usercode.script import is_script
 from thrifty.results import SmokeResult
 from thrifty.storage import FileStore, open_store
 from training.checkpoint import CheckpointManager
+from thrifty.runs.checkpoints import committed
+from training import warm_start
 from training.data import open_cache
 from training.steps import evaluate, optimizer_step
 from training.runtime import autocast, pick_precision, precision_name, seed_everything, weights_sha256
@@ -38,7 +40,7 @@ def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:
     recipe, params = check_config(cfg)  # what the node would reject, by the node's own code
     store = open_store(cfg.store)
     world = world_size(cfg)  # the job's processes, not this CPU's: one step must fit the data on the node
-    cache, splits = open_cache(store, recipe, params, lambda sizes: check_data(cfg, sizes, world))
+    cache, splits = open_cache(store, recipe, params, lambda sizes: check_data(cfg, sizes, world), dedup=cfg.data)
     try:
         check_arrays(recipe, cache.manifest)
     except ConfigError as exc:
@@ -56,6 +58,9 @@ def smoke_test(cfg: RunConfig, steps: int = 3) -> SmokeResult:
         seed_everything(tc.seed)
         model = recipe.make_model(params, cache.manifest["meta"]).to(device)
         batch = split.batch(np.arange(n), device)
+        if tc.init_from and not committed(store, cfg.run_name):  # the warm start's shapes, before anything is rented
+            stage = f"loading init_from {tc.init_from}"
+            warm_start.load_into(store, cfg, model)
 
         stage = "a forward pass in fp32"
         with torch.no_grad():

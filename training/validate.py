@@ -27,6 +27,9 @@ def check_config(cfg: RunConfig) -> tuple[Recipe | None, RecipeParams | ScriptPa
         if cfg.train.stop_at_epoch is not None:  # the script's own loop decides its epochs
             raise ConfigError("'train.stop_at_epoch': script mode cannot pause at an epoch (the command runs its own "
                               "loop); unset it, or use a recipe")
+        if cfg.train.init_from or cfg.train.export_half or cfg.data.dedup != "off":  # the command owns its weights
+            raise ConfigError("'train.init_from', 'train.export_half' and 'data.dedup' act on a recipe's model and "
+                              "cache; script mode's command loads, saves and reads its own: unset them, or use a recipe")
         return None, check_script(cfg)
     recipe = resolve_recipe(cfg.recipe)
     params = recipe.parse_params(cfg.recipe_params)

@@ -15,11 +15,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from thrifty.runs import checkpoints, shards
+from thrifty.runs.reuse import EXPORT_RECORD_NAMES
 from thrifty.config import ConfigError, StoreUri, format_validation_error, store_scheme
 from thrifty.storage import NotFound, ObjectInfo, Store, is_cold
 
 POLICY_KEY = "archive-policy.json"  # {"gold": [key prefix, ...], "pinned": [key prefix, ...]}
-COMMIT_NAMES = (checkpoints.COMMIT, shards.MANIFEST)  # what makes a checkpoint / a cache entry complete: moved first
+# what makes a checkpoint / a cache entry / a half-precision export complete: moved first, restored last
+COMMIT_NAMES = (checkpoints.COMMIT, shards.MANIFEST, *EXPORT_RECORD_NAMES)
 GIB = 2**30  # the providers bill storage per GiB ("GB") and month
 
 # the class each store's objects move to; "archive" is the cheapest (hours to restore), "cold" reads sooner

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator
 
 from thrifty.config.base import ConfigError, StoreUri, _Frozen
+from thrifty.config.reuse import DataConfig
 from thrifty.config.sections import BudgetConfig, ComputeConfig, TrainConfig
 
 
@@ -26,7 +27,18 @@ PATTERN_HELP = {
 }
 
 
-PAUSE_AND_IO_FIELDS = ("stop_at_epoch", "async_checkpoint")  # train fields that cannot change the final weights
+# train fields that cannot change the final weights (an export of them is written after the end)
+PAUSE_AND_IO_FIELDS = ("stop_at_epoch", "async_checkpoint", "export_half", "export_tolerance")
+# train fields added after runs were fingerprinted: left out at these defaults, so the fingerprint of a run finished
+# before them, and a resume of its checkpoints, still match
+LATER_DEFAULTS: dict[str, Any] = {"init_from": None, "init_prefixes": []}
+_ABSENT = object()
+
+
+def comparable_train(train: dict[str, Any]) -> dict[str, Any]:
+    """A train section (as JSON) without what cannot change the weights and the later fields at their defaults: what
+    a resume compares and the fingerprint hashes."""
+    return {k: v for k, v in train.items() if k not in PAUSE_AND_IO_FIELDS and LATER_DEFAULTS.get(k, _ABSENT) != v}
 
 
 class RunConfig(_Frozen):
@@ -46,8 +58,9 @@ class RunConfig(_Frozen):
         default_factory=dict,
         description="The recipe's own options as JSON, checked before anything is rented; empty = its defaults. "
         "digits: hidden (MLP units, 128), dropout (0.1), val_fraction (0.2), split_seed, limit (first N examples). "
-        "codelm: max_files, max_bytes, exclude_dirs, val_every, vocab_size (2048), min_frequency, seq_len (128), "
-        "n_layer (3), n_head (4), n_embd (128), dropout. script: command (required), smoke_steps (3), "
+        "codelm: max_files, max_bytes, exclude_dirs, val_every, vocab_size (2048), min_frequency, "
+        "tokenizer_max_bytes, seq_len (128), n_layer (3), n_head (4), n_embd (128), dropout. script: command "
+        "(required), smoke_steps (3), "
         "smoke_timeout_s, total_steps, env. E.g. {\"hidden\": 256}.",
     )
     store: StoreUri = Field(".thrifty/store", description="Where shards, checkpoints and ledgers go: a path, file://, s3://, gs://, az://.")
@@ -63,6 +76,8 @@ class RunConfig(_Frozen):
                                    "accelerators, spot or on-demand, and the local launcher's emulated instance.")
     budget: BudgetConfig = Field(default_factory=BudgetConfig, description="What it may cost: the hard cap in USD, "
                                  "alerts and where they go.")
+    data: DataConfig = Field(default_factory=DataConfig, description="What the preprocessing cache does to the "
+                             "recipe's examples before they are trained on: deduplication.")
 
     @field_validator("run_name")
     @classmethod
@@ -95,7 +110,7 @@ class RunConfig(_Frozen):
         """The train section as JSON without what cannot change the weights the run ends with: where a job pauses
         (``stop_at_epoch``: resume is exact) and where the checkpoint write runs (``async_checkpoint``). What a
         resume compares and the fingerprint hashes (so fingerprints of older runs still match)."""
-        return self.train.model_dump(mode="json", exclude=set(PAUSE_AND_IO_FIELDS))
+        return comparable_train(self.train.model_dump(mode="json"))
 
     def to_env_json(self) -> str:
         """The config as compact JSON, for the environment of a training node."""
@@ -105,6 +120,8 @@ class RunConfig(_Frozen):
         """A hash of what decides the trained weights (recipe, its params, the train section): a finished run
         with the same fingerprint has nothing left to train, whatever its budget or compute settings."""
         what = {"recipe": self.recipe, "recipe_params": self.recipe_params, "train": self.train_settings()}
+        if self.data.cache_part() is not None:  # deduplicated data trains other weights (off: older runs still match)
+            what["data"] = self.data.cache_part()
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -8,6 +8,7 @@ from typing import Literal, Union
 from pydantic import Field, field_validator, model_validator
 
 from thrifty.config.base import AutoChoice, _Frozen
+from thrifty.config.reuse import parse_init_from
 
 
 class EarlyStoppingConfig(_Frozen):
@@ -79,6 +80,22 @@ class TrainConfig(_Frozen):
         default_factory=EarlyStoppingConfig, description="Stop when a validation metric stops improving."
     )
     seed: int = Field(0, ge=0, lt=2**32, description="Seed for weights, data order and dropout (integer, 0 to 2^32-1).")
+    init_from: str | None = Field(
+        None, description="Start the weights from another run when this run has no checkpoint of its own: "
+        "'previous' (the newest finished run of the same schedule, e.g. last night's), 'run:NAME' with ':gold' "
+        "(default), ':best', ':latest', ':fp16' or ':bf16' (its exported half-precision gold weights), or the store "
+        "URI of a checkpoint directory, state.pt or .safetensors file. Weights only: optimizer, LR schedule and "
+        "step count start fresh. Shapes are checked before anything is rented. null = from scratch.")
+    init_prefixes: list[str] = Field(
+        default_factory=list, description="With init_from: load only the parameters whose names start with one of "
+        "these (e.g. 'blocks.' for a pretrained backbone under a new head); empty = every parameter.")
+    export_half: Literal["fp16", "bf16"] | None = Field(
+        None, description="At the end of the run, also write its gold weights as safetensors in this half "
+        "precision beside the checkpoint, with size and sha256 recorded, kept only if they evaluate within "
+        "export_tolerance of the full weights; null = off.")
+    export_tolerance: float = Field(
+        0.01, gt=0.0, lt=1.0, description="How far the exported half-precision weights may move the early-stopping "
+        "metric, relative to the full weights' value (fraction; 0.01 = 1 %).")
 
     @field_validator("adam_betas")
     @classmethod
@@ -92,6 +109,19 @@ class TrainConfig(_Frozen):
         if self.stop_at_epoch is not None and self.stop_at_epoch > self.max_epochs:
             raise ValueError(f"stop_at_epoch {self.stop_at_epoch} is past max_epochs {self.max_epochs}; set it to "
                              "at most max_epochs, or null to train to the end")
+        return self
+
+    @field_validator("init_from")
+    @classmethod
+    def _init_from_form(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_init_from(v)
+        return v
+
+    @model_validator(mode="after")
+    def _prefixes_need_a_source(self) -> "TrainConfig":
+        if self.init_prefixes and self.init_from is None:
+            raise ValueError("init_prefixes choose what init_from loads; set init_from too, or empty init_prefixes")
         return self
 
     @field_validator("checkpoint_every")

@@ -1,6 +1,6 @@
 """What a run cost, what it would have cost the naive way, and which lever saved what.
 
-The naive way: on-demand instances, fp32, no early stopping, no preprocessing cache. Each lever
+The naive way: on-demand instances, fp32, no early stopping, no preprocessing cache, no warm start. Each lever
 is priced from the run's own ledger and summary; the assumptions are returned with the figures
 so reports can state them.
 """
@@ -81,6 +81,8 @@ def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, 
     od_fp32 = on_demand * fp32_factor
     steps, planned = (summary.steps, summary.total_steps) if summary else (0, 0)
     early = od_fp32 * (planned - steps) / steps if summary and summary.stopped_early and steps else 0.0
+    warm = summary.init_from if summary else None  # steps a from-scratch run needed beyond this warm start's
+    warm_usd = od_fp32 * warm.steps_not_trained / steps if warm and warm.steps_not_trained and steps else 0.0
     cache = cold_preprocess_s / 3600.0 * od_rate if cache_hit else 0.0
     waste_steps = recomputed_steps(metrics)
     sec_per_step = summary.wall_time_s / steps if summary and steps else 0.0
@@ -89,6 +91,7 @@ def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, 
         "precision": od_fp32 - on_demand,
         "early_stopping": early,
         "cache": cache,
+        "warm_start": warm_usd,
     }
     naive = actual + sum(levers.values())
     return SavingsReport(
@@ -104,11 +107,13 @@ def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, 
         attempts=len(attempts),
         instance_hours=round(hours, 6),
         assumptions=[
-            f"naive = on-demand, fp32, no early stopping, no preprocessing cache; on-demand at the offline table's "
-            f"list price ({age_note()})",
+            f"naive = on-demand, fp32, no early stopping, no preprocessing cache, no warm start; on-demand at the "
+            f"offline table's list price ({age_note()})",
             f"fp32 assumed {FP32_SLOWDOWN_ON_GPU:g}x slower than bf16/fp16 on a GPU (no precision saving on CPU)",
             "early stopping saves the skipped steps at the run's average step cost",
             "a cache hit saves the cold preprocessing time at the node's on-demand price",
+            "a warm start saves the steps the from-scratch run its weights descend from needed to reach this run's "
+            "best metric, beyond the steps this run trained, at the run's average step cost",
         ],
     )
 

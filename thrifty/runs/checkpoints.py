@@ -103,6 +103,13 @@ def best(infos: list[CheckpointInfo], mode: str) -> CheckpointInfo | None:
     return pick(scored, key=lambda c: c.metric)
 
 
+def best_checkpoint(store: Store, run_id: str) -> CheckpointInfo | None:
+    """The run's best complete checkpoint (its gold weights), as retention and archival judge it: the one place
+    ``init_from``'s ``:best`` / ``:gold`` and the half-precision export find it."""
+    hot = [c for c in committed(store, run_id) if not c.archived]
+    return best(hot, mode_of(hot))
+
+
 def mode_of(infos: list[CheckpointInfo], default: str = "min") -> str:
     """The metric mode the newest commit records that says one (older commits did not record it)."""
     return next((c.commit["metric_mode"] for c in reversed(infos) if c.commit.get("metric_mode")), default)

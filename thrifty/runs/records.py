@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from thrifty.runs.reuse import HalfExport, WarmStart
 from thrifty.storage import NotFound, Store, StoreError, join_key
 
 
@@ -52,6 +53,8 @@ class RunSummary(BaseModel):
     cache_key: str
     training_fingerprint: str | None = None  # absent in summaries written before it existed
     weights_sha256: str
+    init_from: WarmStart | None = None  # where its weights started (train.init_from), and the savings reference
+    half_export: HalfExport | None = None  # its gold weights in half precision (train.export_half)
 
 
 def run_key(run_id: str, *parts: str) -> str:

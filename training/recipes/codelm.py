@@ -50,6 +50,10 @@ class CodeLMParams(RecipeParams):
     # ---- tokenizer
     vocab_size: int = Field(2048, ge=300, le=65_535, description="Byte-level BPE vocabulary size (tokens; ids are uint16).")
     min_frequency: int = Field(2, ge=1, description="BPE merges need a pair seen at least this often.")
+    tokenizer_max_bytes: int | None = Field(
+        None, ge=1_000, description="Train the BPE on the training files only up to this many bytes (in sorted "
+        "order), so a corpus that grows night by night keeps its token ids (and a warm start their meaning); null = "
+        "on every training file.")
     # ---- examples and model
     seq_len: int = Field(128, ge=8, le=8192, description="Tokens of context per example (each example holds seq_len + 1).")
     n_layer: int = Field(3, ge=1, description="Transformer blocks.")
@@ -154,6 +158,19 @@ def unigram_entropy_nats(tokens: np.ndarray, vocab_size: int) -> float:
     return float(-(p * np.log(p)).sum())
 
 
+def _first_bytes(texts: list[str], limit: int | None) -> list[str]:
+    """The leading texts whose sizes add up to at most ``limit`` bytes (at least one); all of them without one."""
+    if limit is None:
+        return texts
+    out, total = [], 0
+    for text in texts:
+        total += len(text.encode("utf-8"))
+        if out and total > limit:
+            break
+        out.append(text)
+    return out
+
+
 def preprocess(params: CodeLMParams) -> Dataset:
     files = select_files(params)
     train_texts, val_texts, val_names = [], [], []
@@ -170,7 +187,7 @@ def preprocess(params: CodeLMParams) -> Dataset:
             f"and every {params.val_every}th goes to validation, so {'training' if not train_texts else 'validation'} "
             "gets none. Raise recipe_params.max_bytes / max_files or lower recipe_params.val_every."
         )
-    tok = train_tokenizer(train_texts, params.vocab_size, params.min_frequency)
+    tok = train_tokenizer(_first_bytes(train_texts, params.tokenizer_max_bytes), params.vocab_size, params.min_frequency)
     eot_id = tok.token_to_id(EOT)
     vocab = tok.get_vocab_size()
     width = params.seq_len + 1
