@@ -191,9 +191,9 @@ def cmd_archive(args: argparse.Namespace) -> int:
 def _archive_mark(settings: Any, action: str, target: str) -> int:
     from thrifty import archive
 
+    prefix = archive.mark_prefix(target)  # before the store is touched: a bad target writes nothing
     store = archive.open_checked(settings)
     policy = archive.Policy.load(store)
-    prefix = archive.mark_prefix(target)
     if action == "gold":
         policy.gold.append(prefix)
     elif action == "pin":
@@ -215,6 +215,7 @@ def _archive_restore(settings: Any, args: argparse.Namespace) -> int:
 
     from thrifty import archive
 
+    archive.check_run_id(args.run_id)  # before the store is touched
     store = archive.open_checked(settings)
     statuses = archive.restore_run(store, args.run_id, priority=args.priority, days=args.days)
     if not statuses:

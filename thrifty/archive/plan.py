@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from thrifty.runs import checkpoints, shards
 from thrifty.config import ConfigError, StoreUri, format_validation_error, store_scheme
+from thrifty.config.echo import shown
 from thrifty.storage import NotFound, ObjectInfo, Store, is_cold
 
 POLICY_KEY = "archive-policy.json"  # {"gold": [key prefix, ...], "pinned": [key prefix, ...]}
@@ -96,12 +97,30 @@ class Policy:
         return None
 
 
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}")  # a resolved run_name (thrifty.config.RUN_NAME_PATTERN)
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it names a run as run_name does; else a ConfigError (``..`` or a '/' would leave ``runs/``)."""
+    if not _RUN_ID.fullmatch(run_id):
+        raise ConfigError(f"{shown(run_id)} is not a run id: a run id is the run's run_name, 1-63 letters, digits, "
+                          "'.', '_' or '-' starting with a letter or digit (`thrifty report` lists a store's runs)")
+    return run_id
+
+
 def mark_prefix(target: str) -> str:
-    """A RUN_ID means the whole run; anything with a '/' is a key prefix (a checkpoint, a cache entry)."""
+    """A RUN_ID means the whole run; anything with a '/' is a key prefix (a checkpoint, a cache entry) under runs/ or
+    cache/, the only places archival moves anything."""
     target = target.strip().strip("/")
     if not target:
         raise ConfigError("give a run id (e.g. nightly-2026-11-20) or a key prefix (runs/<run>/ckpt/step-000000120)")
-    return f"runs/{target}/" if "/" not in target else f"{target}/"
+    if "/" not in target:
+        return f"runs/{check_run_id(target)}/"
+    parts = target.split("/")
+    if parts[0] not in ("runs", "cache") or any(p in ("", ".", "..") for p in parts):
+        raise ConfigError(f"{shown(target)} is not a key prefix of the store: give a run id, or a prefix under runs/ "
+                          "or cache/ without '.' or '..' parts (e.g. runs/nightly-20261120/ckpt/step-000000120)")
+    return f"{target}/"
 
 
 @dataclass

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from thrifty.runs import checkpoints
-from thrifty.archive.plan import _RUN, COMMIT_NAMES, ArchiveSettings, Item, Plan, Policy, RunFacts, plan, utcnow
+from thrifty.archive.plan import (_RUN, COMMIT_NAMES, ArchiveSettings, Item, Plan, Policy, RunFacts, check_run_id, plan,
+                                  utcnow)
 from thrifty.config import ConfigError
 from thrifty.faults import fault_point
 from thrifty.money.ledger import read_attempts
@@ -123,7 +124,7 @@ def apply(store: Store, p: Plan, progress: Callable[[int, int, Item], None] | No
 
 def restore_run(store: Store, run_id: str, *, priority: str = "standard", days: int = 7) -> list[RestoreStatus]:
     """Start (or finish) restoring every cold object of a run: data first, commit records last."""
-    objects = store.list(f"runs/{run_id}/")
+    objects = store.list(f"runs/{check_run_id(run_id)}/")
     if not objects:
         raise ConfigError(f"no run {run_id!r} in {store.uri}; `thrifty report` lists the runs of a store")
     cold = sorted((o for o in objects if is_cold(o.storage_class)),
