@@ -105,6 +105,8 @@ def step(model: torch.nn.Module, batch: dict[str, torch.Tensor], mode: str) -> S
     return StepOutput(loss=loss, count=len(batch["y"]), sums={"correct": float(correct)})
 
 
+# `-> Recipe` declares this function the recipe `recipe: {name}.recipe:recipe` names: Thrifty reads it before
+# importing this module and calls no function that is not declared so.
 def recipe() -> Recipe:
     return Recipe(
         name="{name}",
