@@ -190,6 +190,12 @@ ARGUMENTS = [
     (["new", "recipe", "_hidden"], ["starting with a letter"]),
     (["new", "recipe", "x" * 70], ["1-60 lower-case letters"]),
     (["new", "recipe", "my_model", "--dir", "afile"], ["pick a writable --dir"]),
+    (["archive", "--store", "st", "--as-of", "0001-01-02"], ["between 1970 and 9000"]),
+    (["simulate", "--step-s", "1e300", "--save-s", "1", "--steps", "100"], ["--step-s", "at most 1e+09"]),
+    (["simulate", "--step-s", "1", "--save-s", "1", "--steps", str(2**60)], ["--steps must be between"]),
+    (["prices", "--accelerator", "A" * 100_000], ["no prices for accelerator", "(100,002 characters)"]),
+    (["simulate", "--instance", "aws:p3.2xlarge", "--zone", "z" * 100_000, "--preemptions", "shipped", "--step-s", "1",
+      "--save-s", "1", "--steps", "10"], ["in zone", "(100,001 characters)"]),
 ]
 
 
@@ -199,3 +205,23 @@ def test_hostile_archive_and_scaffold_arguments(monkeypatch, capsys, tmp_path, a
     (work / "st" / "runs" / "r1").mkdir(parents=True)  # a store with one run: a restore that walks out of it lists /
     (work / "afile").write_text("")
     assert_refused(refused_here(monkeypatch, capsys, tmp_path, *argv), *fragments)
+
+
+@pytest.mark.parametrize("typed, fragment", [
+    (["--step-s", "1e8", "--save-s", "1", "--steps", "100"], "no interval finishes"),  # a step outlives every life
+    (["--step-s", "10", "--save-s", "30", "--steps", "1000000"], "instance lives"),  # 116 days: ~1400 preemptions
+    (["--step-s", "1", "--save-s", "1", "--steps", "100", "--restart-s", "1e8"], "no interval finishes"),
+    (["--step-s", "1", "--save-s", "1e8", "--steps", "100"], "no interval finishes"),
+])
+def test_simulations_that_would_never_end_are_refused(tmp_path, typed, fragment):
+    """Each of these drew instance lives for hours or forever (a step, a save or a restart far longer than any life;
+    a run that meets thousands of preemptions in each of 2000 trials)."""
+    assert_refused(thrifty(tmp_path, "simulate", "--mtbp-s", "7200", *typed), fragment)
+
+
+def test_a_restart_no_life_outlasts_ends_a_trial():
+    """Lives drawn from traces' quantiles have a top: a restart longer than it never gets going again."""
+    from thrifty.spot.simulate import one_run
+
+    wall, _, restarts = one_run(100.0, 10.0, 1.0, 50.0, lambda: 30.0, max_wall_s=1e5)
+    assert wall == float("inf") and restarts > 1

@@ -38,8 +38,10 @@ def error(message: str) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    # escaped: '[lo, hi]' in a message is text, not rich markup to drop
-    Console(stderr=True).print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    from thrifty.config.echo import shorten_words
+
+    # escaped: '[lo, hi]' in a message is text, not rich markup to drop; a 100 KB argument it quotes is cut
+    Console(stderr=True).print(f"[red]error:[/] {escape(shorten_words(message))}", highlight=False, soft_wrap=True)
 
 
 def guarded(handler: Handler, args: argparse.Namespace) -> int:

@@ -57,6 +57,8 @@ class ArchiveSettings(BaseModel):
     @field_validator("as_of")
     @classmethod
     def _aware(cls, v: dt.datetime | None) -> dt.datetime | None:
+        if v is not None and not 1970 <= v.year <= 9000:  # days are counted back from it: year 1 has no past
+            raise ValueError(f"as_of {v:%Y-%m-%d} is out of range; give a date between 1970 and 9000")
         return v.replace(tzinfo=dt.timezone.utc) if v is not None and v.tzinfo is None else v
 
     @property

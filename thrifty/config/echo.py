@@ -9,7 +9,8 @@ from typing import Any
 
 from thrifty.config.base import MAX_ECHO_CHARS, ConfigError, cut, shown
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_DEPTH", "MAX_ECHO_CHARS", "MAX_VALUES", "check_plain", "cut", "redact_urls", "shown"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_DEPTH", "MAX_ECHO_CHARS", "MAX_VALUES", "check_plain", "cut", "redact_urls", "shorten_words",
+           "shown"]
 
 MAX_DEPTH = 32  # a RunConfig nests 3 deep; recipe options a few more
 MAX_VALUES = 100_000  # every value counted as often as it is reached: YAML aliases count once per use
@@ -37,6 +38,15 @@ def check_plain(data: Any, what: str) -> Any:
         elif isinstance(node, (list, tuple)):
             todo.extend((v, depth + 1) for v in node)
     return data
+
+
+_LONG_WORD = re.compile(r"\S{%d,}" % (MAX_ECHO_CHARS * 2))
+
+
+def shorten_words(text: str) -> str:
+    """``text`` with every run of non-space characters longer than 2 x MAX_ECHO_CHARS cut, saying how long it was: an
+    error message that quotes a 100 KB argument stays a line, while a long message of many words keeps them all."""
+    return _LONG_WORD.sub(lambda m: cut(m.group(0)), text)
 
 
 _URL = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#'\"<>@]*@)?([^\s/?#'\"<>]*)([^\s'\"<>]*)")
