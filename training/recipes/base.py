@@ -1,7 +1,7 @@
 """The recipe interface: raw data -> arrays, arrays -> model, batch -> loss and metrics.
 
 A recipe is a plain object. Users plug in their own as ``package.module:function`` where the
-function returns a :class:`Recipe`. Only six things are required (name, params, fingerprint,
+function is declared to return a :class:`Recipe` (``def recipe() -> Recipe:``): nothing else is called. Only six things are required (name, params, fingerprint,
 preprocess, model, step); everything else has a default that the two built-ins use:
 
 - ``preprocess(params)`` returns a :class:`Dataset`: per split, named numpy arrays of equal
