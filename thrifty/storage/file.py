@@ -37,15 +37,16 @@ class FileStore:
         """A root that can never be a directory of files is refused when the store is opened, before anything is
         written: a file (/dev/null), a place under a file, or the kernel's own file systems (/proc, /sys)."""
         if self.root.parts[1:2] in (("proc",), ("sys",)):
-            raise StoreError(f"store {self.uri!r} is inside /{self.root.parts[1]}, a kernel file system that holds no "
-                             "files of ours; pick a directory for 'store'")
+            raise StoreError(f"store {self.uri!r} cannot be used: it is inside /{self.root.parts[1]}, a kernel file "
+                             "system that holds no files of ours; pick another 'store' (a directory)")
         try:
             existing = next(p for p in (self.root, *self.root.parents) if os.path.lexists(p))
             is_dir = existing.is_dir()
         except OSError as exc:
-            raise StoreError(f"store {self.uri!r} cannot be used ({exc.strerror}); pick a directory for 'store'") from None
+            raise StoreError(f"store {self.uri!r} cannot be used ({exc.strerror}); pick another 'store'") from None
         if not is_dir:
-            raise StoreError(f"store {self.uri!r}: {existing} is not a directory; pick a directory for 'store'")
+            raise StoreError(f"store {self.uri!r} cannot be created: {existing} is not a directory; pick another "
+                             "'store' (a directory)")
 
     def _path(self, key: str) -> Path:
         key = _clean_key(key)
