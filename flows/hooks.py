@@ -19,7 +19,7 @@ from thrifty.money import savings
 from thrifty.money.budget import spend_usd
 from thrifty.config import ConfigError, RunConfig
 from thrifty.money.ledger import read_attempts
-from thrifty.money.pricing import quote_emulated
+from thrifty.money.pricing import age_note, quote_emulated
 from thrifty.storage import open_store
 
 log = logging.getLogger("thrifty.hooks")
@@ -72,8 +72,8 @@ def running_message(cfg: RunConfig) -> str:
     if cfg.compute.launcher == "local":
         q = quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)
         rate = q.usd_per_hour * cfg.compute.num_nodes
-        parts.append(f"burning ${rate:.3f}/h on {q.cloud} {q.instance} {'spot' if q.spot else 'on-demand'}, "
-                     f"so the budget covers {_duration(b.max_usd / rate)}")
+        parts.append(f"burning ${rate:.3f}/h on {q.cloud} {q.instance} {'spot' if q.spot else 'on-demand'} "
+                     f"({age_note()}), so the budget covers {_duration(b.max_usd / rate)}")
     last = savings.read(open_store(cfg.store), cfg.run_name)
     if last is not None:
         parts.append(f"so far it has cost ${last.actual_usd:.4f}")

@@ -10,11 +10,12 @@ from thrifty.money.budget import spend_usd, stop_reserve_s, world_size
 from thrifty.config import ConfigError, RunConfig
 from thrifty.money.estimate import Estimate, estimate_run, gate
 from thrifty.money.ledger import read_attempts
-from thrifty.money.pricing import quote_emulated
+from thrifty.money.prices import LivePrices, emulated_quote
 from thrifty.results import PrepResult, SmokeResult
 from thrifty.usercode.script import is_script, script_total_steps
 from thrifty.storage import open_store
 from thrifty.money.throughput import measured_speeds, speed_key, speeds_for
+from thrifty.spot.deadline_run import deadline_moves, market_config
 
 
 def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Estimate:
@@ -33,7 +34,8 @@ def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Est
     per_example_s = smoke.cpu_step_time_s / smoke.examples_per_step
     examples_per_step = config.train.examples_per_step(world)
     if c.launcher == "local":
-        quote, accelerator, speeds, why = quote_emulated(c.emulate, c.use_spot), None, None, ""
+        live = LivePrices.for_config(config, store)  # the table unless budget.prices is live
+        quote, accelerator, speeds, why = emulated_quote(c.emulate, c.use_spot, live), None, None, ""
     else:
         from thrifty.launchers.skypilot import candidates, ranked_candidates
 
@@ -41,6 +43,8 @@ def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Est
         speeds = speeds_for(names, measured_speeds(store, speed_key(config)), 1.0 / per_example_s) if names else None
         ranking = ranked_candidates(config, speeds=speeds, examples=(total - done) * examples_per_step)
         winner = ranking.winner.candidate
+        if deadline_moves(config):  # the deadline policy may move the run to on-demand: one must make it in time
+            on_demand_can_finish(config, speeds, (total - done) * examples_per_step)
         quote, accelerator, why = winner.quote, winner.accelerator, ranking.why()
     estimate = estimate_run(total - done, per_example_s, examples_per_step, quote.usd_per_hour, c.num_nodes,
                             accelerator, c.launcher, quote.source, total_steps=total, speeds=speeds, choice=why)
@@ -66,6 +70,34 @@ def budget_gate(config: RunConfig, prep: PrepResult, smoke: SmokeResult, poll_s:
     logger.info("estimated cost $%.5f for %d steps (%.4f h at $%.3f/h): %s; %g s of burn held back to stop in; "
                 "$%.5f spent by earlier jobs of this run", estimate.usd, estimate.steps, estimate.hours,
                 estimate.usd_per_hour, estimate.assumption, reserve, spent)
+    logger.info("price: $%.4f/h per node from %s", estimate.usd_per_hour / config.compute.num_nodes,
+                estimate.price_source)
     b = config.budget
     gate(estimate, b.max_usd, b.allow_over_budget, reserve, config.train.checkpoint_every, spent)
+    worst = on_demand_usd(config, estimate) if deadline_moves(config) else None
+    if worst is not None and spent + worst > b.max_usd:
+        logger.warning("deadline: should the policy move the whole run to on-demand, it costs ~$%.4f more, over "
+                       "budget.max_usd $%g with what was spent: the cap would stop it before its deadline", worst,
+                       b.max_usd)
     return estimate
+
+
+def on_demand_can_finish(config: RunConfig, speeds, examples: float) -> float | None:
+    """ConfigError unless an on-demand candidate can finish what is left within ``compute.deadline_h``: the deadline
+    policy's last resort (the spot candidates alone cannot promise a deadline). What the cheapest one costs (None
+    without a runtime)."""
+    from thrifty.launchers.skypilot import ranked_candidates
+
+    try:
+        return ranked_candidates(market_config(config, "on_demand"), speeds=speeds, examples=examples).winner.usd
+    except ConfigError as exc:
+        raise ConfigError(f"on-demand, the deadline policy's fallback: {exc}") from None
+
+
+def on_demand_usd(config: RunConfig, estimate: Estimate) -> float | None:
+    """What the rest of the run costs should the deadline policy move all of it to on-demand."""
+    c = config.compute
+    if c.launcher == "local":
+        on_demand = emulated_quote(c.emulate, False, LivePrices.for_config(config, open_store(config.store)))
+        return estimate.hours * on_demand.usd_per_hour * c.num_nodes
+    return on_demand_can_finish(config, estimate.speeds, estimate.steps * config.train.examples_per_step(world_size(config)))

@@ -19,6 +19,11 @@ os.environ.update(
         "AWS_EC2_METADATA_DISABLED": "true",
         "OMP_NUM_THREADS": "1",
         "THRIFTY_LOCAL_CACHE": str(_SESSION_HOME / "shard-cache"),
+        # live price sources (thrifty.money.prices) answer from loopback stand-ins only: by default a closed port,
+        # so a test that did not start one gets "no answer" at once and falls back, never the internet
+        "THRIFTY_AZURE_PRICES_URL": "http://127.0.0.1:9/api/retail/prices",
+        "AWS_ENDPOINT_URL_EC2": "http://127.0.0.1:9",
+        "AWS_ENDPOINT_URL_STS": "http://127.0.0.1:9",  # SkyPilot's AWS catalog asks STS who the caller is
     }
 )
 
@@ -56,6 +61,8 @@ def prefect_harness():
 
 # object-store stand-ins (moto, gcp-storage-emulator, Azurite): one of each per session, started on first use
 from stores import azure_standin, backend, gcs_standin, loopback_only, s3_standin  # noqa: E402,F401
+# price sources' stand-ins: the Azure Retail Prices API on loopback, EC2 spot price history on moto, SkyPilot's catalog
+from price_standins import azure_prices, ec2_spot, sky_catalog  # noqa: E402,F401
 # one deployed Prefect server (with its UI and a worker) for the modules that run flows through deployments
 from prefect_server import SHARED, deployed_ui_server  # noqa: E402,F401
 

@@ -1,13 +1,11 @@
-"""Prices: the shipped table (instances and storage tiers, each row sourced and dated), SkyPilot's catalog when present, clear errors."""
+"""Prices: the shipped table (instances and storage tiers, each row sourced and dated), SkyPilot's catalog when present
+(the ``sky_catalog`` fixture, tests/price_standins.py), clear errors."""
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
 import pytest
 
-from thrifty.money import pricing
+from thrifty.money import prices, pricing
 from thrifty.cli import main as thrifty_main
 from thrifty.money.pricing import PricingError
 
@@ -38,9 +36,9 @@ def test_quotes_name_their_source_and_pick_the_cheapest_instance():
     q = pricing.quote("aws", "g5.xlarge", spot=True)
     assert (q.usd_per_hour, q.on_demand_usd_per_hour) == (0.302, 1.006)
     assert q.source.startswith("offline table (") and "2025-06" in q.source and "us-east-1" in q.source
-    a = pricing.quote_accelerator("gcp", "A100:1", spot=False, source="offline")
+    a = prices.quote_accelerator("gcp", "A100:1", spot=False, source="offline")
     assert a.instance == "a2-highgpu-1g" and a.accelerator == "A100:1" and a.usd_per_hour == 3.673
-    assert pricing.quote_accelerator("aws", "T4", spot=True).instance == "g4dn.xlarge"  # a bare name means :1
+    assert prices.quote_accelerator("aws", "T4", spot=True).instance == "g4dn.xlarge"  # a bare name means :1
     assert pricing.quote_emulated("azure:Standard_NC4as_T4_v3", spot=False).usd_per_hour == 0.526
 
 
@@ -48,13 +46,13 @@ def test_unknown_things_are_clear_errors_never_zero():
     with pytest.raises(PricingError, match=r"no price for aws:p9\.huge\. Known aws instances: .*g5\.xlarge"):
         pricing.quote("aws", "p9.huge", spot=True)
     with pytest.raises(PricingError, match=r"no spot price for A10G:1 on gcp in the offline table.*Accelerators known on gcp"):
-        pricing.quote_accelerator("gcp", "A10G:1", spot=True, source="offline")
+        prices.quote_accelerator("gcp", "A10G:1", spot=True, source="offline")
     with pytest.raises(PricingError, match="unknown cloud 'oracle'"):
         pricing.quote("oracle", "x", spot=False)
     with pytest.raises(PricingError, match="NAME or NAME:COUNT"):
-        pricing.quote_accelerator("aws", "A100:0", spot=True)
+        prices.quote_accelerator("aws", "A100:0", spot=True)
     with pytest.raises(PricingError, match="no prices for accelerator 'X100'"):
-        pricing.price_table("X100")
+        prices.price_table("X100")
 
 
 def test_storage_tiers_per_cloud_hot_to_cold():
@@ -77,61 +75,22 @@ def test_storage_tiers_per_cloud_hot_to_cold():
 
 # ---------------------------------------------------------------- SkyPilot's catalog, when on this machine
 
-AWS_CATALOG = [
-    # InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone
-    ["g5.xlarge", "A10G", "1.0", "4.0", "16.0", "{}", "1.006", "0.41", "us-east-1", "use1-az1"],
-    ["g5.xlarge", "A10G", "1.0", "4.0", "16.0", "{}", "1.1", "0.29", "us-west-2", "usw2-az1"],
-    ["g5.2xlarge", "A10G", "1.0", "8.0", "32.0", "{}", "1.212", "0.50", "us-east-1", "use1-az1"],
-    ["m6i.large", "", "", "2.0", "8.0", "", "0.096", "0.04", "us-east-1", "use1-az1"],
-]
-GCP_CATALOG = [
-    # GPUs are rows without an instance type; the host VM is priced on its own row
-    ["", "L4", "1", "", "", "{}", "0.56", "0.22", "us-central1", "us-central1-a"],
-    ["g2-standard-4", "", "", "4", "16", "", "0.147", "0.06", "us-central1", "us-central1-a"],
-    ["g2-standard-8", "", "", "8", "32", "", "0.3", "0.12", "us-central1", "us-central1-a"],
-    ["", "T4", "1", "", "", "{}", "0.35", "0.14", "us-central1", "us-central1-a"],
-    ["n1-standard-2", "", "", "2", "7.5", "", "0.095", "0.02", "us-central1", "us-central1-a"],
-    ["n1-highmem-4", "", "", "4", "26", "", "0.24", "0.05", "us-central1", "us-central1-a"],
-    ["n1-standard-4", "", "", "4", "15", "", "0.19", "0.04", "us-central1", "us-central1-a"],
-]
-HEADER = ["InstanceType", "AcceleratorName", "AcceleratorCount", "vCPUs", "MemoryGiB", "GpuInfo", "Price", "SpotPrice",
-          "Region", "AvailabilityZone"]
-
-
-@pytest.fixture
-def sky_catalog():
-    """Write SkyPilot-format vms.csv files where SkyPilot keeps them (under the test HOME); remove them after."""
-    from sky.catalog import common
-
-    written = []
-    for cloud, rows in (("aws", AWS_CATALOG), ("gcp", GCP_CATALOG)):
-        path = Path(common.get_catalog_path(f"{cloud}/vms.csv"))
-        assert str(path).startswith(str(Path.home())), "the catalog must live under the test HOME"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", newline="") as f:
-            csv.writer(f).writerows([HEADER, *rows])
-        written.append(path)
-    yield written
-    for path in written:
-        path.unlink()
-
-
 def test_skypilot_catalog_is_preferred_when_present_and_says_so(sky_catalog):
-    q = pricing.quote_accelerator("aws", "A10G:1", spot=True)
+    q = prices.quote_accelerator("aws", "A10G:1", spot=True)
     assert q.source.startswith("SkyPilot catalog ") and "aws/vms.csv" in q.source
     assert (q.instance, q.usd_per_hour, q.region) == ("g5.xlarge", 0.29, "us-west-2")  # cheapest region's spot
-    assert pricing.quote_accelerator("aws", "A10G:1", spot=False).usd_per_hour == 1.006
+    assert prices.quote_accelerator("aws", "A10G:1", spot=False).usd_per_hour == 1.006
     # the offline table still answers when asked for, and for a cloud without a catalog file
-    assert pricing.quote_accelerator("aws", "A10G:1", spot=True, source="offline").usd_per_hour == 0.302
-    assert pricing.quote_accelerator("azure", "T4:1", spot=True).source.startswith("offline table")
+    assert prices.quote_accelerator("aws", "A10G:1", spot=True, source="offline").usd_per_hour == 0.302
+    assert prices.quote_accelerator("azure", "T4:1", spot=True).source.startswith("offline table")
     with pytest.raises(PricingError, match="SkyPilot's azure catalog is not on this machine"):
-        pricing.quote_accelerator("azure", "T4:1", spot=True, source="skypilot")
+        prices.quote_accelerator("azure", "T4:1", spot=True, source="skypilot")
 
 
 def test_gcp_catalog_price_is_gpu_plus_host_like_skypilot(sky_catalog):
-    l4 = pricing.quote_accelerator("gcp", "L4:1", spot=False)
+    l4 = prices.quote_accelerator("gcp", "L4:1", spot=False)
     assert l4.instance == "g2-standard-4" and l4.usd_per_hour == pytest.approx(0.56 + 0.147)
-    t4 = pricing.quote_accelerator("gcp", "T4:1", spot=True)  # n1 host with >= 4 vCPUs and 4x memory
+    t4 = prices.quote_accelerator("gcp", "T4:1", spot=True)  # n1 host with >= 4 vCPUs and 4x memory
     assert t4.instance == "n1-highmem-4+T4" and t4.usd_per_hour == pytest.approx(0.14 + 0.05)
 
 

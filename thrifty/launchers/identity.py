@@ -1,4 +1,4 @@
-"""What a cloud node can learn about itself from its metadata server: instance type, spot or not, region.
+"""What a cloud node can learn about itself from its metadata server: instance type, spot or not, region, zone.
 
 The node meters its own cost (``thrifty.money.meter``) at the price of the candidate it landed on, so
 it asks the same link-local endpoint the notice watcher polls (``$THRIFTY_METADATA_BASE`` in
@@ -29,7 +29,7 @@ def _aws(base: str) -> NodeIdentity:
     meta = f"{base}/latest/meta-data"
     life = _get(f"{meta}/instance-life-cycle", headers)  # "spot" | "on-demand" (| "scheduled")
     return NodeIdentity("aws", _get(f"{meta}/instance-type", headers), None if life is None else life == "spot",
-                        _get(f"{meta}/placement/region", headers))
+                        _get(f"{meta}/placement/region", headers), _get(f"{meta}/placement/availability-zone", headers))
 
 
 def _gcp(base: str) -> NodeIdentity:
@@ -43,8 +43,9 @@ def _gcp(base: str) -> NodeIdentity:
     else:
         spot = model.upper() == "SPOT"
     zone = _get(f"{meta}/zone", headers)  # projects/123/zones/us-central1-a
-    region = zone.rsplit("/", 1)[-1].rsplit("-", 1)[0] if zone else None
-    return NodeIdentity("gcp", machine.rsplit("/", 1)[-1] if machine else None, spot, region)
+    zone = zone.rsplit("/", 1)[-1] if zone else None
+    region = zone.rsplit("-", 1)[0] if zone else None
+    return NodeIdentity("gcp", machine.rsplit("/", 1)[-1] if machine else None, spot, region, zone)
 
 
 def _azure(base: str) -> NodeIdentity:
@@ -54,7 +55,7 @@ def _azure(base: str) -> NodeIdentity:
     compute = json.loads(text).get("compute", {})
     priority = compute.get("priority")  # Spot | Regular | Low
     return NodeIdentity("azure", compute.get("vmSize"), None if not priority else priority in ("Spot", "Low"),
-                        compute.get("location"))
+                        compute.get("location"), compute.get("zone") or None)  # zone "1", "2", "3" or ""
 
 
 _PROBES = {"aws": _aws, "gcp": _gcp, "azure": _azure}

@@ -3,7 +3,8 @@
 It gets the same environment a cloud node gets, can be preempted on purpose (SIGTERM then
 SIGKILL after a grace period, or a hard kill), is restarted like SkyPilot's recovery
 (preemptions always; failures up to ``compute.max_restarts``), and meters cost at the price of
-the instance it emulates, so budgets and reports work on a laptop.
+the instance it emulates, so budgets and reports work on a laptop: the table's price, or with
+``budget.prices: live`` its freshest price in the table's region, read again as it ages (the node does the same).
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from pathlib import Path
 
 from thrifty.money.budget import TEARDOWN_S
 from thrifty.config import RunConfig
+from thrifty.launchers.availability import SpotMarket, spot_trace
 from thrifty.launchers.base import (JobState, JobStatus, LaunchError, free_loopback_port, node_env, skypilot_node_vars,
                                     torchrun_command)
 from thrifty.launchers.notice import send_sigterm
-from thrifty.money.pricing import quote_emulated
+from thrifty.money.pricing import find_instance, quote_emulated
 from thrifty.money.meter import Price
+from thrifty.money.prices import LivePrices, PriceKey, point_quote, price_mode
+from thrifty.money.prices.repricing import Repricer, change_from
 from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, EXIT_BAD_INPUT, EXIT_BUDGET
 from thrifty.money.ledger import Attempt
 from thrifty.runs import finished_since, latest_progress, read_metrics, run_key
@@ -39,14 +43,17 @@ NODE_END_GRACE_S = 15.0  # after one node of a multi-node job ends, the others' 
 
 
 class _Job:
-    def __init__(self, job_id: str, cfg: RunConfig, log_dir: Path, env: dict[str, str]):
+    def __init__(self, job_id: str, cfg: RunConfig, log_dir: Path, env: dict[str, str], market: SpotMarket | None = None):
         self.job_id, self.cfg, self.log_dir, self.env = job_id, cfg, log_dir, env
+        self.market = market  # spot capacity by compute.spot_trace (spot jobs only)
         self.state = JobState.PENDING
         self.attempts: list[Attempt] = []
         self.message = ""
         self.cancel_requested = threading.Event()
         self.cancel_deadline_s: float | None = None  # a stop at the budget cap: ended for good within this
         self.preemptions_injected = 0
+        # one chain per job, so a source that failed is not asked again at once; the store shares what it reads
+        self.live = LivePrices.for_config(cfg, open_store(cfg.store) if price_mode(cfg) == "live" else None)
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._supervise, name=f"thrifty-{job_id}", daemon=True)
 
@@ -54,6 +61,12 @@ class _Job:
     def _supervise(self) -> None:
         failures = 0
         while True:
+            if self.market is not None and not self.market.available():
+                self._set(JobState.RECOVERING if self.attempts else JobState.PENDING,
+                          "no spot capacity (compute.spot_trace): waiting for it, unbilled")
+                if not self.market.wait(self.cancel_requested):
+                    self._set(JobState.CANCELLED, "cancelled while waiting for spot capacity")
+                    return
             reason, code = self._run_attempt()
             if reason == "succeeded":
                 self._set(JobState.SUCCEEDED, "training finished")
@@ -76,10 +89,16 @@ class _Job:
     def _run_attempt(self) -> tuple[str, int | None]:
         c = self.cfg.compute
         price = quote_emulated(c.emulate, c.use_spot)
+        repricer = None
+        if self.live.live:  # the emulated instance's freshest price in the table's region, read again as it ages
+            repricer = Repricer(self.live, PriceKey(price.cloud, price.instance, c.use_spot, price.region or None))
+            point = repricer.read()
+            if point is not None:
+                price = point_quote(find_instance(price.cloud, price.instance), c.use_spot, point)
         attempt = Attempt(self.job_id, len(self.attempts) + 1, price.cloud, "local", price.instance, c.use_spot,
-                          price.usd_per_hour, c.num_nodes, time.time())
+                          price.usd_per_hour, c.num_nodes, time.time(), price_source=price.source)
         node = {**node_env(self.cfg, [Price(price.cloud, price.instance, c.use_spot, price.usd_per_hour,
-                                            price.accelerator, price.source)]),
+                                            price.accelerator, price.source, price.region, price.fetched_unix)]),
                 ENV_JOB_ID: self.job_id, ENV_BILLING_START: repr(attempt.started_unix), **self.env}
         with self.lock:
             self.attempts.append(attempt)
@@ -101,7 +120,13 @@ class _Job:
                             f", node {hit} of {len(procs)}" if len(procs) > 1 else "")
                 self._stop(procs[hit], graceful=c.preempt_mode == "sigterm")
                 reason = "preempted"
+            elif self.market is not None and not self.market.available():
+                log.warning("spot capacity gone (compute.spot_trace): preempting attempt %d", attempt.number)
+                self._stop_all(procs, graceful=True)
+                reason = "preempted"
             else:
+                if repricer is not None and repricer.due():
+                    self._reprice(attempt, repricer)
                 time.sleep(POLL_S)
         code = self._end_nodes(procs)
         if code == EXIT_BUDGET:
@@ -113,6 +138,18 @@ class _Job:
         with self.lock:
             attempt.ended_unix, attempt.end_reason, attempt.exit_code = time.time(), reason, code
         return reason, code
+
+    def _reprice(self, attempt: Attempt, repricer: Repricer) -> None:
+        point = repricer.read()
+        if point is None:
+            return
+        now = time.time()
+        with self.lock:
+            since = change_from(attempt.usd_per_hour, point.usd_per_hour, repricer.previous_read_unix, now)
+            moved = attempt.repriced(point.usd_per_hour, point.describe(), since)
+        if moved:
+            log.warning("attempt %d: the price of %s moved to $%.4f/h (%s)", attempt.number, attempt.instance,
+                        point.usd_per_hour, point.describe())
 
     def _start_nodes(self, attempt_number: int, node: dict[str, str]) -> list[subprocess.Popen]:
         """One process group per node. One node runs the training program; several run it under torchrun, which
@@ -199,6 +236,7 @@ class LocalLauncher:
 
     def __init__(self, cfg: RunConfig | None = None) -> None:
         self._jobs: dict[str, _Job] = {}
+        self._trace_origin: dict[str, float] = {}  # run -> when its first job here started: the trace's tick 0
 
     def submit(self, cfg: RunConfig, env: dict[str, str] | None = None, estimate: object = None) -> str:
         # ``estimate`` ranks cloud candidates; here there is one machine, this one
@@ -206,7 +244,10 @@ class LocalLauncher:
         job_id = f"local-{cfg.run_name}-{uuid.uuid4().hex[:8]}"
         # attempt logs beside the run in a local store (runs/<id>/logs/<job>/), else in the temp directory
         log_dir = open_store(cfg.store).local_path(run_key(cfg.run_name, "logs", job_id))
-        job = _Job(job_id, cfg, log_dir or Path(tempfile.gettempdir()) / "thrifty-logs" / job_id, env or {})
+        origin = self._trace_origin.setdefault(cfg.run_name, time.time())
+        trace = spot_trace(cfg) if cfg.compute.use_spot else None  # an unreadable trace fails here, not mid-job
+        market = SpotMarket(trace, origin) if trace is not None else None
+        job = _Job(job_id, cfg, log_dir or Path(tempfile.gettempdir()) / "thrifty-logs" / job_id, env or {}, market)
         self._jobs[job_id] = job
         job.thread.start()
         return job_id

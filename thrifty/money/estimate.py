@@ -97,7 +97,8 @@ def gate(estimate: Estimate, max_usd: float, allow_over_budget: bool, reserve_s:
         return
     raise OverBudgetPlan(
         f"estimated cost ${full:.4f} ({estimate.steps} steps, {estimate.hours:.3f} h at "
-        f"${estimate.usd_per_hour:.3f}/h; {estimate.assumption}; {reserve_s:g} s held back to stop in"
+        f"${estimate.usd_per_hour:.3f}/h" + (f" from {estimate.price_source}" if estimate.price_source else "")
+        + f"; {estimate.assumption}; {reserve_s:g} s held back to stop in"
         + (f"; ${spent_usd:.4f} already spent" if spent_usd else "") + f") exceeds budget.max_usd ${max_usd:g}. "
         "Raise budget.max_usd, train fewer steps (train.max_epochs / train.max_steps), pick a cheaper instance, "
         "or set budget.allow_over_budget=true to launch anyway (the hard cap still stops the run, with a checkpoint)."

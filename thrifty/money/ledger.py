@@ -11,6 +11,9 @@
 died (a killed ``thrifty run``, a closed laptop): an attempt its watcher left open ends at the
 job's last sign of life once the node is gone, and attempts the watcher never saw come from the
 node's records. Both rules err towards counting more, never less.
+
+A price that moved while an attempt ran is kept as price segments (``segments``: from when, $/hour, source), each
+interval costed at the price in force; rows written before segments existed have one price and read as before.
 """
 
 from __future__ import annotations
@@ -32,6 +35,20 @@ METER_BEAT_S = 60.0  # a node rewrites its record at least this often while it t
 METER_STALE_S = 3 * METER_BEAT_S  # a record silent this long belongs to a node that is gone
 
 
+Segment = tuple[float, float, str]  # (from when, $/hour of one node, where that price came from)
+
+
+def segments_cost_usd(segments: list, start: float, end: float) -> float:
+    """Dollars of one node from ``start`` to ``end``, each interval at the price in force then: a segment's price
+    holds from its time (the first from ``start``) until the next segment's."""
+    total = 0.0
+    for i, seg in enumerate(segments):
+        begin = start if i == 0 else max(start, float(seg[0]))
+        until = end if i + 1 == len(segments) else min(end, float(segments[i + 1][0]))
+        total += max(0.0, until - begin) / 3600.0 * float(seg[1])
+    return total
+
+
 @dataclass
 class Attempt:
     """One rented instance's life inside a job: a row of the run's cost ledger."""
@@ -49,13 +66,31 @@ class Attempt:
     end_reason: str | None = None  # succeeded | preempted | failed | cancelled | budget; None while running
     exit_code: int | None = None
     task_id: str | None = None  # SkyPilot's SKYPILOT_TASK_ID (stable across a job's recoveries); None locally
+    # the prices in force, when it changed while the attempt ran: [[from_unix, usd_per_hour, source], ...], the first
+    # from the start; usd_per_hour is the last. None: one price all along (and every ledger written before these)
+    segments: list | None = None
+    price_source: str = ""  # where usd_per_hour came from (a cloud's source, SkyPilot's catalog, the dated table)
 
     def hours(self, now: float | None = None) -> float:
         end = self.ended_unix if self.ended_unix is not None else (now or time.time())
         return max(0.0, end - self.started_unix) / 3600.0
 
-    def cost_usd(self, now: float | None = None) -> float:
-        return self.hours(now) * self.usd_per_hour * self.nodes
+    def cost_usd(self, now: float | None = None, until: float | None = None) -> float:
+        """Dollars up to its end (or ``now`` while open), or up to ``until`` when earlier: each interval at its price."""
+        end = self.ended_unix if self.ended_unix is not None else (now or time.time())
+        if until is not None:
+            end = min(end, until)
+        return segments_cost_usd(self.segments or [[self.started_unix, self.usd_per_hour, self.price_source]],
+                                 self.started_unix, end) * self.nodes
+
+    def repriced(self, usd_per_hour: float, source: str, at_unix: float) -> bool:
+        """The price changed at ``at_unix``: a new segment from then (True), or nothing when it is the same (False)."""
+        if abs(usd_per_hour - self.usd_per_hour) < 1e-12:
+            return False
+        segs = list(self.segments or [[self.started_unix, self.usd_per_hour, self.price_source]])
+        self.segments = [*segs, [max(at_unix, float(segs[-1][0])), usd_per_hour, source]]
+        self.usd_per_hour, self.price_source = usd_per_hour, source
+        return True
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,6 +112,9 @@ class MeterRecord(BaseModel):
     instance: str
     spot: bool
     price_source: str = ""
+    segments: list = []  # [[from_unix, usd_per_hour, source], ...] as the node priced itself; [] = one price
+    region: str = ""
+    zone: str = ""
     host: str = ""  # the node's machine and rank-0 process: a node killed on the reader's machine is gone at once
     pid: int = 0
     pid_started: str = ""  # the process's start time as the kernel keeps it (a reused pid is another process)
@@ -143,6 +181,17 @@ def read_meters(store: Store, run_id: str) -> list[MeterRecord]:
     return sorted(out, key=lambda m: m.started_unix)
 
 
+def _adopt_node_prices(row: Attempt, node: MeterRecord) -> None:
+    """A row its watcher left open stopped being repriced when the watcher died; the node kept pricing itself. The
+    dearer of the two views over the row's life counts (never less than was billed)."""
+    if not node.segments:
+        return
+    theirs = Attempt(**{**row.row(), "segments": [list(s) for s in node.segments], "usd_per_hour": node.usd_per_hour,
+                        "price_source": node.price_source})
+    if theirs.cost_usd() > row.cost_usd():
+        row.segments, row.usd_per_hour, row.price_source = theirs.segments, theirs.usd_per_hour, theirs.price_source
+
+
 def reconcile(rows: list[Attempt], meters: list[MeterRecord], now: float) -> list[Attempt]:
     """The watchers' rows with the nodes' records folded in (pure; see the module docstring)."""
     rows_by_job: dict[str, list[Attempt]] = defaultdict(list)
@@ -164,13 +213,15 @@ def reconcile(rows: list[Attempt], meters: list[MeterRecord], now: float) -> lis
                 ended = max(m.end_unix(now) for m in later)
                 last.ended_unix = max(ended, last.started_unix)
                 last.end_reason = later[-1].end or "lost"
+                _adopt_node_prices(last, later[-1])
         else:
             after = last.ended_unix if last is not None else float("-inf")
             for m in (m for m in job_meters if m.started_unix > after):  # attempts no watcher recorded
                 number = (job_rows[-1].number + 1) if job_rows else 1
-                job_rows.append(Attempt(job, number, m.cloud, "?", m.instance, m.spot, m.usd_per_hour, m.nodes,
-                                        m.started_unix, m.end_unix(now) if m.gone(now) else None,
-                                        (m.end or "lost") if m.gone(now) else None))
+                job_rows.append(Attempt(job, number, m.cloud, m.region or "?", m.instance, m.spot, m.usd_per_hour,
+                                        m.nodes, m.started_unix, m.end_unix(now) if m.gone(now) else None,
+                                        (m.end or "lost") if m.gone(now) else None,
+                                        segments=[list(s) for s in m.segments] or None, price_source=m.price_source))
         out.extend(job_rows)
     return sorted(out, key=lambda a: (a.started_unix, a.number))
 

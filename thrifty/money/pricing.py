@@ -1,30 +1,22 @@
-"""Dollars per hour by cloud, instance and spot/on-demand; dollars per GB-month by storage tier.
+"""Dollars per hour by cloud, instance and spot/on-demand; dollars per GB-month by storage tier: the offline table.
 
-The offline table ships with the package so plans, budgets and the local launcher work with
-no network. Rows are approximate list prices from the providers' public pricing pages for one
-US region each, as of the date in the row; spot prices are typical levels, which move hourly.
-Treat them as estimates. Where SkyPilot's catalog files are already on this machine
-(``~/.sky/catalogs/<version>/<cloud>/vms.csv``, written by ``sky show-gpus``/``sky launch``),
-``source="auto"`` prices accelerators from them instead, cheapest region first, and every
-quote says which source it came from. The catalog files are read directly, never through
-SkyPilot's loaders, which refresh stale files over the network.
-An unknown instance or accelerator is an error, never a silent $0.
+The table ships with the package so plans, budgets and the local launcher work with no network. Rows are
+approximate list prices from the providers' public pricing pages for one US region each, as of the date in the
+row; spot prices are typical levels, which move hourly. It is the last fallback: ``thrifty.money.prices`` reads
+today's prices from the clouds' own sources (and SkyPilot's catalog), and every figure taken from this table says
+its date ("price from a table of 2025-06: check it"). An unknown instance or accelerator is an error, never a
+silent $0.
 """
 
 from __future__ import annotations
 
-import csv
-import importlib.util
-import os
 import re
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 Cloud = Literal["aws", "gcp", "azure"]
 CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
-Source = Literal["auto", "offline", "skypilot"]
+Source = Literal["auto", "offline", "skypilot"]  # freshest (clouds, then catalog, then table) | table | catalog only
 
 
 class PricingError(ValueError):
@@ -84,9 +76,10 @@ class Quote:
     spot: bool
     usd_per_hour: float  # one node
     on_demand_usd_per_hour: float
-    source: str  # where the number came from: the offline table or SkyPilot's catalog, with its date
+    source: str  # where the number came from (a cloud's own source, SkyPilot's catalog, the offline table) and when
     accelerator: str = ""
     region: str = ""
+    fetched_unix: float = 0.0  # when a cloud's source was read for it; 0: a catalog file or the table (dated in source)
 
 
 # ---------------------------------------------------------------- accelerators
@@ -105,14 +98,14 @@ def _same_accelerator(a: str, b: str) -> bool:
     return na.lower() == nb.lower() and ca == cb
 
 
-def _check_cloud(cloud: str) -> None:
+def check_cloud(cloud: str) -> None:
     if cloud not in CLOUDS:
         raise PricingError(f"unknown cloud {cloud!r}; use one of {', '.join(CLOUDS)}")
 
 
 def find_instance(cloud: str, instance: str) -> InstancePrice:
     """The offline row for ``cloud``/``instance``; PricingError naming the known ones if absent."""
-    _check_cloud(cloud)
+    check_cloud(cloud)
     for row in INSTANCES:
         if row.cloud == cloud and row.instance.lower() == instance.lower():
             return row
@@ -121,27 +114,21 @@ def find_instance(cloud: str, instance: str) -> InstancePrice:
 
 
 def accelerator_of(cloud: str, instance: str) -> str | None:
-    """The accelerator (NAME:COUNT) an instance carries: the offline table, then SkyPilot's catalog when on this
-    machine; None when neither knows it (a CPU instance, or one priced nowhere here)."""
+    """The accelerator (NAME:COUNT) an instance carries in the offline table (``thrifty.money.prices.accelerator_of``
+    also asks SkyPilot's catalog); None when the table does not know it."""
     if cloud not in CLOUDS:
         return None
     for row in INSTANCES:
         if row.cloud == cloud and row.instance.lower() == instance.lower():
             return row.accelerator
-    path = sky_catalog_file(cloud)
-    if path is not None:
-        with open(path, newline="") as f:
-            for r in csv.DictReader(f):
-                if (r.get("InstanceType") or "").lower() == instance.lower() and r.get("AcceleratorName"):
-                    return f"{r['AcceleratorName']}:{int(_float(r.get('AcceleratorCount')) or 1)}"
-    if "+" in instance:  # GCP's n1 host with a GPU attached, as ``catalog_offers`` labels it
+    if "+" in instance:  # GCP's n1 host with a GPU attached, as the catalog's offers label it
         return f"{instance.rsplit('+', 1)[1]}:1"
     return None
 
 
 def offline_offers(cloud: str, accelerator: str) -> list[InstancePrice]:
     """Offline rows of ``cloud`` carrying exactly ``accelerator`` (NAME:COUNT), cheapest first."""
-    _check_cloud(cloud)
+    check_cloud(cloud)
     rows = [r for r in INSTANCES if r.cloud == cloud and _same_accelerator(r.accelerator, accelerator)]
     return sorted(rows, key=lambda r: r.on_demand_usd_per_hour)
 
@@ -150,7 +137,17 @@ def known_accelerators(cloud: str | None = None) -> list[str]:
     return sorted({r.accelerator for r in INSTANCES if cloud in (None, r.cloud)})
 
 
-def _row_quote(row: InstancePrice, spot: bool) -> Quote:
+def table_note(row: InstancePrice, region: str) -> str:
+    """Where a table price comes from, with the age every figure taken from it must state."""
+    return f"offline table ({row.source}, {region}): {age_note(row.as_of)}"
+
+
+def age_note(as_of: str = _DATE) -> str:
+    """What every figure from the table says about itself."""
+    return f"price from a table of {as_of}: check it"
+
+
+def row_quote(row: InstancePrice, spot: bool) -> Quote:
     if spot and row.spot_usd_per_hour is None:
         raise PricingError(f"{row.cloud}:{row.instance} has no spot price in {row.source}; use on-demand for it")
     price = row.spot_usd_per_hour if spot else row.on_demand_usd_per_hour
@@ -158,161 +155,19 @@ def _row_quote(row: InstancePrice, spot: bool) -> Quote:
     if row.source.startswith("SkyPilot catalog"):
         src = f"{row.source}, cheapest region {region}"
     else:
-        src = f"offline table ({row.source}, {row.as_of}, {region})"
+        src = table_note(row, region)
     return Quote(row.cloud, row.instance, spot, float(price), row.on_demand_usd_per_hour, src, row.accelerator, region)
 
 
 def quote(cloud: str, instance: str, spot: bool) -> Quote:
     """$/hour of one instance from the offline table; raises PricingError if unknown."""
-    return _row_quote(find_instance(cloud, instance), spot)
+    return row_quote(find_instance(cloud, instance), spot)
 
 
 def quote_emulated(spec: str, spot: bool) -> Quote:
     """``aws:g5.xlarge`` -> the quote the local launcher meters at."""
     cloud, _, instance = spec.partition(":")
     return quote(cloud, instance, spot)
-
-
-def offers(cloud: str, accelerator: str, source: Source = "auto") -> tuple[list[InstancePrice], str]:
-    """Instances of ``cloud`` with ``accelerator``, cheapest first, and the name of the source used.
-
-    ``auto``: SkyPilot's catalog when its file for ``cloud`` is on this machine, else the offline table.
-    """
-    _check_cloud(cloud)
-    parse_accelerator(accelerator)
-    if source in ("auto", "skypilot"):
-        path = sky_catalog_file(cloud)
-        if path is not None:
-            return catalog_offers(path, cloud, accelerator), f"SkyPilot catalog {path}"
-        if source == "skypilot":
-            raise PricingError(f"SkyPilot's {cloud} catalog is not on this machine; run `sky show-gpus --infra {cloud}` "
-                               "once with network access, or use the offline table")
-    return offline_offers(cloud, accelerator), "offline table"
-
-
-def quote_accelerator(cloud: str, accelerator: str, spot: bool, source: Source = "auto") -> Quote:
-    """The cheapest instance of ``cloud`` carrying ``accelerator`` (NAME:COUNT); PricingError if none is known."""
-    rows, used = offers(cloud, accelerator, source)
-    if spot:
-        rows = [r for r in rows if r.spot_usd_per_hour is not None]
-    if not rows:
-        known = ", ".join(sorted({r.accelerator for r in INSTANCES if r.cloud == cloud})) if used == "offline table" else "see `sky show-gpus`"
-        raise PricingError(f"no {'spot ' if spot else ''}price for {accelerator} on {cloud} in the {used}. "
-                           f"Accelerators known on {cloud}: {known}.")
-    best = min(rows, key=lambda r: (r.spot_usd_per_hour if spot else r.on_demand_usd_per_hour))
-    return _row_quote(best, spot)
-
-
-# ---------------------------------------------------------------- SkyPilot's catalog (read offline)
-
-
-def sky_catalog_file(cloud: str) -> Path | None:
-    """Path of SkyPilot's ``<cloud>/vms.csv`` when SkyPilot is installed and the file is on disk; else None."""
-    if not Path("~/.sky/catalogs").expanduser().is_dir() or importlib.util.find_spec("sky") is None:
-        return None  # cheap checks first: importing sky takes seconds
-    try:
-        from sky.catalog import common as sky_catalog_common
-    except Exception:  # a broken SkyPilot install must not break pricing
-        return None
-    path = Path(sky_catalog_common.get_catalog_path(f"{cloud}/vms.csv"))
-    return path if path.is_file() else None
-
-
-def _float(v: str | None) -> float | None:
-    try:
-        x = float(v) if v not in (None, "") else None
-    except ValueError:
-        return None
-    return x if x is not None and x == x else None  # NaN -> None
-
-
-def _gcp_host_rule(name: str, count: int) -> tuple[list[str] | None, int]:
-    """SkyPilot's rule for the host VM of a GCP GPU: fixed types (A100, H100, L4...) or n1 with enough vCPUs."""
-    fixed: list[str] | None = None
-    cpus = 4 * count
-    try:
-        from sky.catalog import gcp_catalog as g
-
-        fixed = g._ACC_INSTANCE_TYPE_DICTS.get(name, {}).get(count)  # noqa: SLF001 - SkyPilot's own table
-        table = g._NUM_ACC_TO_NUM_CPU.get(name, g._NUM_ACC_TO_NUM_CPU["DEFAULT"])  # noqa: SLF001
-        cpus = table.get(count, cpus)
-    except Exception:
-        pass
-    return fixed, cpus
-
-
-def catalog_offers(path: Path, cloud: str, accelerator: str) -> list[InstancePrice]:
-    """Instances with ``accelerator`` in a SkyPilot ``vms.csv``, each at its cheapest region, cheapest first."""
-    name, count = parse_accelerator(accelerator)
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    as_of = time.strftime("%Y-%m-%d", time.gmtime(os.path.getmtime(path)))
-    source = f"SkyPilot catalog {path} (file date {as_of})"
-
-    def matches(r: dict[str, str]) -> bool:
-        return (r.get("AcceleratorName") or "").lower() == name.lower() and _float(r.get("AcceleratorCount")) == count
-
-    # instance -> [on-demand $/h, its region, spot $/h, its region, vCPUs], each the cheapest seen
-    offers_by_instance: dict[str, list] = {}
-
-    def add(instance: str, od: float | None, spot: float | None, region: str, vcpus: float | None) -> None:
-        if od is None:
-            return
-        best = offers_by_instance.setdefault(instance, [od, region, spot, region if spot is not None else None, int(vcpus or 0)])
-        if od < best[0]:
-            best[0], best[1] = od, region
-        if spot is not None and (best[2] is None or spot < best[2]):
-            best[2], best[3] = spot, region
-
-    if cloud != "gcp":
-        for r in rows:
-            if r.get("InstanceType") and matches(r):
-                add(r["InstanceType"], _float(r.get("Price")), _float(r.get("SpotPrice")), r.get("Region", ""),
-                    _float(r.get("vCPUs")))
-    else:
-        # GCP lists a GPU and its host VM as separate rows: price = GPU + cheapest host in the same zone.
-        fixed, cpus = _gcp_host_rule(name, count)
-        hosts = [r for r in rows if r.get("InstanceType") and not r.get("AcceleratorName")]
-        for gpu in (r for r in rows if not r.get("InstanceType") and matches(r)):
-            zone = [h for h in hosts if h.get("AvailabilityZone") == gpu.get("AvailabilityZone")
-                    and _float(h.get("Price")) is not None]
-            if fixed:
-                zone = [h for h in zone if h["InstanceType"] in fixed]
-            else:
-                zone = [h for h in zone if h["InstanceType"].startswith("n1-")
-                        and (_float(h.get("vCPUs")) or 0) >= cpus and (_float(h.get("MemoryGiB")) or 0) >= 4 * cpus]
-            if not zone:
-                continue
-            host = min(zone, key=lambda h: _float(h["Price"]) or 0.0)
-            g_od, h_od = _float(gpu.get("Price")), _float(host.get("Price"))
-            g_sp, h_sp = _float(gpu.get("SpotPrice")), _float(host.get("SpotPrice"))
-            od = g_od + h_od if g_od is not None and h_od is not None else None
-            sp = g_sp + h_sp if g_sp is not None and h_sp is not None else None
-            label = host["InstanceType"] if fixed else f"{host['InstanceType']}+{name}"
-            add(label, od, sp, gpu.get("Region", ""), _float(host.get("vCPUs")))
-    out = [InstancePrice(cloud, inst, f"{name}:{count}", vcpus, od, spot, od_region, source, as_of, spot_region)
-           for inst, (od, od_region, spot, spot_region, vcpus) in offers_by_instance.items()]
-    return sorted(out, key=lambda r: r.on_demand_usd_per_hour)
-
-
-def price_table(accelerator: str | None = None, clouds: tuple[str, ...] | list[str] = CLOUDS,
-                source: Source = "auto") -> list[InstancePrice]:
-    """Rows for ``thrifty prices``: every known offer (or those with ``accelerator``), per cloud, cheapest first."""
-    out: list[InstancePrice] = []
-    for cloud in clouds:
-        if accelerator is None:
-            accs = known_accelerators(cloud)
-        elif ":" in accelerator:
-            accs = [accelerator]
-        else:  # a bare name: every count the offline table knows, plus 1
-            accs = sorted({a for a in known_accelerators(cloud) if a.split(":")[0].lower() == accelerator.lower()}
-                          | {f"{accelerator}:1"})
-        for acc in accs:
-            out.extend(offers(cloud, acc, source)[0])
-    if accelerator is not None and not out:
-        raise PricingError(f"no prices for accelerator {accelerator!r} on {', '.join(clouds)}. "
-                           f"Known: {', '.join(known_accelerators())}.")
-    return out
 
 
 # ---------------------------------------------------------------- storage tiers
@@ -364,7 +219,7 @@ def storage_cloud(store_uri: str) -> str:
 
 def storage_tiers(cloud: str) -> list[StorageTierPrice]:
     """The tiers of ``cloud``, hottest (dearest) first."""
-    _check_cloud(cloud)
+    check_cloud(cloud)
     return sorted((t for t in STORAGE_TIERS if t.cloud == cloud), key=lambda t: -t.usd_per_gb_month)
 
 
@@ -385,34 +240,18 @@ def coldest_tier(cloud: str) -> StorageTierPrice:
     return storage_tiers(cloud)[-1]
 
 
-# ---------------------------------------------------------------- `thrifty prices`
+# ---------------------------------------------------------------- `thrifty prices --storage`
 
 
-def prices_text(accelerator: str | None = None, clouds: list[str] | None = None, storage: bool = False,
-                source: Source = "auto") -> str:
-    """The price table as text: instances (optionally one accelerator), or storage tiers; each row with its source."""
+def storage_text(clouds: list[str] | None = None) -> str:
+    """The storage tiers as text, each row with its source and date."""
     clouds = list(clouds or CLOUDS)
     for cloud in clouds:
-        _check_cloud(cloud)
-    lines: list[str] = []
-    if storage:
-        lines.append(f"{'cloud':<6} {'tier':<13} {'kind':<8} {'$/GB-month':>10} {'min days':>8} {'retrieval $/GB':>14}  region, source, date")
-        for cloud in clouds:
-            for t in storage_tiers(cloud):
-                lines.append(f"{t.cloud:<6} {t.tier:<13} {t.temperature:<8} {t.usd_per_gb_month:>10.5f} {t.min_storage_days:>8} "
-                             f"{t.retrieval_usd_per_gb:>14.3f}  {t.region}, {t.source}, {t.as_of}")
-        return "\n".join(lines) + "\n"
-    rows = price_table(accelerator, clouds, source)
-    lines.append(f"{'cloud':<6} {'accelerator':<11} {'instance':<26} {'vCPUs':>5} {'on-demand $/h':>13} {'spot $/h':>9} {'spot saves':>10}  region")
-    for r in rows:
-        spot = f"{r.spot_usd_per_hour:>9.3f}" if r.spot_usd_per_hour is not None else f"{'-':>9}"
-        saves = f"{1 - r.spot_usd_per_hour / r.on_demand_usd_per_hour:>10.0%}" if r.spot_usd_per_hour else f"{'-':>10}"
-        lines.append(f"{r.cloud:<6} {r.accelerator:<11} {r.instance:<26} {r.vcpus:>5} {r.on_demand_usd_per_hour:>13.3f} "
-                     f"{spot} {saves}  {r.region}")
-    lines.append("")
-    lines.append("Sources:")
-    for src in sorted({(r.source, r.as_of) for r in rows}):
-        lines.append(f"  {src[0]} ({src[1]})" if not src[0].startswith("SkyPilot") else f"  {src[0]}")
-    if not any(r.source.startswith("SkyPilot") for r in rows):
-        lines.append("  (SkyPilot's catalog is not on this machine; `sky show-gpus` fetches it. Spot prices move hourly.)")
+        check_cloud(cloud)
+    lines = [f"{'cloud':<6} {'tier':<13} {'kind':<8} {'$/GB-month':>10} {'min days':>8} {'retrieval $/GB':>14}  "
+             "region, source, date"]
+    for cloud in clouds:
+        for t in storage_tiers(cloud):
+            lines.append(f"{t.cloud:<6} {t.tier:<13} {t.temperature:<8} {t.usd_per_gb_month:>10.5f} {t.min_storage_days:>8} "
+                         f"{t.retrieval_usd_per_gb:>14.3f}  {t.region}, {t.source}, {t.as_of}")
     return "\n".join(lines) + "\n"

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from thrifty.money.budget import spend_usd
 from thrifty.money.estimate import FP32_SLOWDOWN_ON_GPU
-from thrifty.money.pricing import PricingError, find_instance
+from thrifty.money.pricing import PricingError, age_note, find_instance
 from thrifty.money.ledger import Attempt
 from thrifty.runs import RunSummary, run_key
 from thrifty.storage import NotFound, Store
@@ -104,7 +104,8 @@ def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, 
         attempts=len(attempts),
         instance_hours=round(hours, 6),
         assumptions=[
-            "naive = on-demand, fp32, no early stopping, no preprocessing cache",
+            f"naive = on-demand, fp32, no early stopping, no preprocessing cache; on-demand at the offline table's "
+            f"list price ({age_note()})",
             f"fp32 assumed {FP32_SLOWDOWN_ON_GPU:g}x slower than bf16/fp16 on a GPU (no precision saving on CPU)",
             "early stopping saves the skipped steps at the run's average step cost",
             "a cache hit saves the cold preprocessing time at the node's on-demand price",

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from thrifty.config import ConfigError, RunConfig
 from thrifty.money.ledger import read_attempts
-from thrifty.money.pricing import accelerator_of
+from thrifty.money.prices import accelerator_of
 from thrifty.runs import read_jsonl
 from thrifty.storage import Store
 

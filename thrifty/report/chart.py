@@ -40,8 +40,7 @@ def training_curve(metrics: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def spend_at(attempts: list[Attempt], t: float) -> float:
     """Dollars the run's attempts had cost by wall time ``t``."""
-    return sum(max(0.0, min(t, a.ended_unix or t) - a.started_unix) / 3600 * a.usd_per_hour * a.nodes
-               for a in attempts if a.started_unix <= t)
+    return sum(a.cost_usd(now=t, until=t) for a in attempts if a.started_unix <= t)  # each interval at its price
 
 
 def sample(rows: list[Any], points: int) -> list[Any]:

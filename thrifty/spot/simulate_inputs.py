@@ -19,7 +19,7 @@ from thrifty.spot.preemption import (
     trace_stats,
     traced_instances,
 )
-from thrifty.money.pricing import PricingError, find_instance
+from thrifty.money.pricing import PricingError, age_note, find_instance
 from thrifty.runs import read_metrics
 from thrifty.spot.simulate import Exponential, PreemptionModel, RunLengths, RunPlan
 from thrifty.storage import Store, open_store
@@ -64,7 +64,7 @@ def _instance(spec: str, nodes: int) -> tuple[str, str, float, float, str]:
         raise ConfigError(f"--instance: {exc} (`thrifty prices` lists them)") from None
     if row.spot_usd_per_hour is None:
         raise ConfigError(f"--instance {spec}: no spot price is known for it; pick another instance")
-    note = f"{nodes} node(s)" if nodes > 1 else ""
+    note = (f"{nodes} node(s), " if nodes > 1 else "") + f"({age_note(row.as_of)})"
     return row.cloud, row.instance, row.spot_usd_per_hour * nodes, row.on_demand_usd_per_hour * nodes, note
 
 

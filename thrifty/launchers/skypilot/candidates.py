@@ -1,4 +1,6 @@
-"""The SkyPilot task's candidates: one per (cloud[/region], accelerator, spot|on-demand) the price source knows.
+"""The SkyPilot task's candidates: one per (cloud[/region], accelerator, spot|on-demand) the price source knows, each
+at its freshest price (``thrifty.money.prices``: the clouds' own sources, SkyPilot's catalog, the dated table), its
+quote saying where that price came from.
 
 ``kubernetes`` (SkyPilot's Kubernetes infra: your kubeconfig's cluster) is a candidate per accelerator at
 ``compute.kubernetes_usd_per_gpu_hour`` x its GPUs, with no spot market: it is never a spot candidate and
@@ -10,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from thrifty.config import RunConfig
-from thrifty.money.pricing import PricingError, Quote, parse_accelerator, quote_accelerator
+from thrifty.money.prices import LivePrices, quote_accelerator
+from thrifty.money.pricing import PricingError, Quote, parse_accelerator
 
 KUBERNETES = "kubernetes"  # SkyPilot's infra name (also `k8s`); its record's cloud, lower-cased
 
@@ -56,9 +59,24 @@ def kubernetes_quote(cfg: RunConfig, accelerator: str) -> Quote:
                  f"compute.kubernetes_usd_per_gpu_hour ${rate:g}/GPU-hour x {count} ({why})", f"{name}:{count}", "")
 
 
-def candidates(cfg: RunConfig, source: str = "auto") -> tuple[list[Candidate], list[str]]:
+def candidate_prices(cfg: RunConfig) -> LivePrices:
+    """The chain cloud candidates are priced by (``budget.prices`` auto or live), cached in the run's store."""
+    try:
+        from thrifty.storage import open_store
+
+        store = open_store(cfg.store)
+    except Exception:  # a store this machine cannot open: prices are read without the shared cache
+        store = None
+    return LivePrices(store, cfg.budget.spot_price_max_age_s)  # a candidate is a cloud's: live (auto) it is
+
+
+def candidates(cfg: RunConfig, source: str = "auto", live: LivePrices | None = None) -> tuple[list[Candidate], list[str]]:
     """Priced candidates, cheapest first, and notes on the combinations left out (not offered or unpriced)."""
     c = cfg.compute
+    if source == "auto" and cfg.budget.prices == "table":
+        source = "offline"  # the shipped table only, as budget.prices says
+    if live is None and source == "auto":
+        live = candidate_prices(cfg)
     markets = [True, False] if c.use_spot and c.on_demand_fallback else [c.use_spot]
     out, notes = [], []
     for cloud in c.clouds:
@@ -77,12 +95,12 @@ def candidates(cfg: RunConfig, source: str = "auto") -> tuple[list[Candidate], l
             acc = f"{name}:{count}"
             missing = []
             for spot in markets:
-                try:
-                    q = quote_accelerator(cloud, acc, spot, source)  # type: ignore[arg-type]
-                except PricingError:
-                    missing.append("spot" if spot else "on-demand")
-                    continue
                 for region in regions:
+                    try:
+                        q = quote_accelerator(cloud, acc, spot, source, live, region)  # type: ignore[arg-type]
+                    except PricingError:
+                        missing.append("spot" if spot else "on-demand")
+                        break
                     within = c.max_hourly_cost is None or q.usd_per_hour <= c.max_hourly_cost
                     out.append(Candidate(cloud, region, acc, spot, q, c.num_nodes, within))
             if missing:

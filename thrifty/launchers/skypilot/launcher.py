@@ -16,7 +16,9 @@ from thrifty.launchers.base import JobStatus, LaunchError
 from thrifty.launchers.skypilot.queue import QUEUE_FIELDS, _value, record_state, skypilot_task_id, update_attempts
 from thrifty.launchers.skypilot.candidates import KUBERNETES, candidates, kubernetes_quote
 from thrifty.launchers.skypilot.task import build_task, ranked_candidates, task_config
-from thrifty.money.pricing import PricingError, quote_accelerator
+from thrifty.money.pricing import PricingError
+from thrifty.money.prices import LivePrices, PriceKey, quote_accelerator
+from thrifty.money.prices.repricing import change_from
 from thrifty.money.ledger import Attempt
 from thrifty.protocol import SKYPILOT_JOB_PREFIX, STOP_KEY, STOPPED_KEY
 
@@ -39,6 +41,8 @@ class SkyPilotLauncher:
         self.cfg, self.sleep, self.clock = cfg, sleep, clock
         self._attempts: dict[str, list[Attempt]] = {}
         self._nodes: dict[str, int] = {}
+        self._priced_at: dict[tuple[str, int], float] = {}  # (job, attempt) -> when its price was last read
+        self._live: LivePrices | None = None
 
     # ------------------------------------------------------------ submit
     def submit(self, cfg: RunConfig, env: dict[str, str] | None = None, estimate: Estimate | None = None) -> str:
@@ -93,23 +97,39 @@ class SkyPilotLauncher:
             return []
         return [a for a in attempts if a.job_id == job_id]
 
-    def _price(self, cloud: str, instance: str | None, accelerator: str | None, spot: bool) -> float:
-        """$/hour of one node: the instance if the offline table knows it, else the accelerator's cheapest offer."""
-        from thrifty.money.pricing import find_instance
+    def _prices(self) -> LivePrices:
+        """The freshest prices (the clouds' sources, cached in the run's store), one chain per launcher."""
+        if self._live is None:
+            store = None
+            if self.cfg is not None:
+                try:
+                    from thrifty.storage import open_store
 
+                    store = open_store(self.cfg.store)
+                except Exception:  # the cache is a convenience: without it every look reads the sources
+                    store = None
+            self._live = LivePrices.for_config(self.cfg, store, clock=self.clock) if self.cfg is not None else \
+                LivePrices(None, clock=self.clock)
+        return self._live
+
+    def _quote(self, cloud: str, instance: str | None, accelerator: str | None, spot: bool,
+               region: str | None = None, zone: str | None = None) -> tuple[float, str]:
+        """$/hour of one node where the job runs, and where that price came from: the instance's freshest price in
+        its region and zone (the clouds' sources, SkyPilot's catalog, the dated table), else its accelerator's."""
         if cloud == KUBERNETES and accelerator and self.cfg is not None:  # the user's cluster: the user's rate
-            return kubernetes_quote(self.cfg, accelerator).usd_per_hour
+            q = kubernetes_quote(self.cfg, accelerator)
+            return q.usd_per_hour, q.source
+        live = self._prices()
         if instance:
             try:
-                row = find_instance(cloud, instance)
-                price = row.spot_usd_per_hour if spot else row.on_demand_usd_per_hour
-                if price is not None:
-                    return float(price)
+                point = live.lookup(PriceKey(cloud, instance, spot, region, zone, accelerator or ""))
+                return point.usd_per_hour, point.describe(self.clock())
             except PricingError:
                 pass
         if accelerator:
             try:
-                return quote_accelerator(cloud, accelerator, spot).usd_per_hour
+                q = quote_accelerator(cloud, accelerator, spot, live=live, region=region)
+                return q.usd_per_hour, f"{q.source} (its {accelerator}'s cheapest instance: {instance} is priced nowhere)"
             except PricingError:
                 pass
         # Never $0: charge the dearest candidate this run allows on that cloud, or fail loudly.
@@ -118,8 +138,33 @@ class SkyPilotLauncher:
             if cands:
                 log.warning("no price for %s %s (%s); metering at the dearest candidate, $%.3f/h", cloud, instance,
                             accelerator, max(cands))
-                return max(cands)
+                return max(cands), f"the dearest candidate on {cloud}: no price for {instance}"
         raise LaunchError(f"no price for {cloud} {instance} ({accelerator}); add it to thrifty/money/pricing.py")
+
+    def _price(self, cloud: str, instance: str | None, accelerator: str | None, spot: bool,
+               region: str | None = None, zone: str | None = None) -> float:
+        """$/hour of one node (see :meth:`_quote`)."""
+        return self._quote(cloud, instance, accelerator, spot, region, zone)[0]
+
+    def _reprice(self, job_id: str, rec: Any, attempts: list[Attempt]) -> None:
+        """The open attempt's price read again once it is older than budget.spot_price_max_age_s: a new price is a
+        new segment from now, so the watch loop's cap meters each interval at the price in force."""
+        if not attempts or attempts[-1].ended_unix is not None:
+            return
+        a, now = attempts[-1], self.clock()
+        key = (job_id, a.number)
+        if key not in self._priced_at:
+            self._priced_at[key] = now  # priced as it opened
+            return
+        previous = self._priced_at[key]
+        if now - previous < self._prices().max_age_s(a.spot):
+            return
+        self._priced_at[key] = now
+        accs = _value(rec, "accelerators") or {}
+        accelerator = next((f"{n}:{int(k)}" for n, k in dict(accs).items()), None)
+        usd, source = self._quote(a.cloud, a.instance, accelerator, a.spot, a.region or None, _value(rec, "zone") or None)
+        if a.repriced(usd, source, change_from(a.usd_per_hour, usd, previous, now)):
+            log.warning("job %s attempt %d: its price moved to $%.4f/h (%s)", job_id, a.number, usd, source)
 
     def status(self, job_id: str) -> JobStatus:
         rec = self._record(job_id)
@@ -127,8 +172,9 @@ class SkyPilotLauncher:
         if job_id not in self._attempts:
             self._attempts[job_id] = self._seed(job_id)
         nodes = self._nodes.get(job_id) or (self.cfg.compute.num_nodes if self.cfg else 1)
-        self._attempts[job_id] = update_attempts(self._attempts[job_id], rec, job_id, nodes, self._price, self.clock())
+        self._attempts[job_id] = update_attempts(self._attempts[job_id], rec, job_id, nodes, self._quote, self.clock())
         attempts = self._attempts[job_id]
+        self._reprice(job_id, rec, attempts)
         where = ""
         if attempts:
             a = attempts[-1]

@@ -91,7 +91,7 @@ def preflight(cfg: RunConfig, environ: dict[str, str] | None = None) -> None:
     """Everything about a SkyPilot launch that can be checked offline; one ConfigError listing every problem."""
     import importlib.util
 
-    from thrifty.money.pricing import offers
+    from thrifty.money.prices import offers
 
     c = cfg.compute
     problems: list[str] = []

@@ -68,7 +68,8 @@ def skypilot_task_id(rec: Any) -> str | None:
         return None
 
 
-PriceFn = Callable[[str, str | None, str | None, bool], float]
+# (cloud, instance, accelerator, spot, region, zone) -> $/hour of one node, or ($/hour, where it came from)
+PriceFn = Callable[..., "float | tuple[float, str]"]
 
 
 def _time(rec: Any, key: str) -> float | None:
@@ -113,9 +114,10 @@ def update_attempts(attempts: list[Attempt], rec: Any, job_id: str, nodes: int, 
         if current is None and (not out or abs(out[-1].started_unix - started) > 1):
             number = out[-1].number + 1 if out else int(_value(rec, "recovery_count") or 0) + 1
             spot_flag = bool(spot) if spot is not None else True
-            out.append(Attempt(job_id, number, cloud, region, instance, spot_flag,
-                               price(cloud, instance, accelerator, spot_flag), nodes, started,
-                               task_id=skypilot_task_id(rec)))
+            priced = price(cloud, instance, accelerator, spot_flag, region or None, _value(rec, "zone") or None)
+            usd, source = priced if isinstance(priced, tuple) else (priced, "")
+            out.append(Attempt(job_id, number, cloud, region, instance, spot_flag, usd, nodes, started,
+                               task_id=skypilot_task_id(rec), price_source=source))
             current = out[-1]
     if state.terminal and current is not None:
         close(current, _time(rec, "end_at") or now, END_REASON[state])

@@ -153,7 +153,7 @@ def task_config(cfg: RunConfig, source: str = "auto", ranking: Ranking | None = 
         "num_nodes": c.num_nodes,
         "resources": resources,
         "envs": node_env(node_cfg, [Price(k.cloud, k.quote.instance, k.spot, k.quote.usd_per_hour, k.accelerator,
-                                          k.quote.source) for k in cands]),
+                                          k.quote.source, k.quote.region, k.quote.fetched_unix) for k in cands]),
         "setup": SETUP,
         "run": RUN_MULTI if c.num_nodes > 1 else RUN_SINGLE,
     }
