@@ -22,11 +22,13 @@ from typing import Any, Callable
 
 import yaml
 
+from thrifty.config.echo import redact_urls
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, TRAINING_JOBS_LIMIT
 
 WORK_POOL = "thrifty-process"  # prefect.yaml's deployments name this pool; a test keeps them in step
 WORK_POOL_TYPE = "process"  # runs flows as subprocesses of the worker: no Docker or cluster needed
 PREFECT_FILE = "prefect.yaml"
+WEBHOOK_SECRET = "webhook_url"  # the key of the custom-webhook block's secrets that holds --alerts-webhook's URL
 IMAGE = "thrifty:0.1.0"  # the tag README says to build the Dockerfile with; the docker/kubernetes variants run it
 
 
@@ -195,15 +197,17 @@ def create_webhook_block(url: str, ref: str | None) -> str:
         raise DeployError(f"--alerts-webhook creates a custom-webhook block, but --alerts-block is {ref!r}; "
                           "drop --alerts-block or name one like custom-webhook/NAME", EXIT_BAD_INPUT)
     if not url.startswith(("https://", "http://")):
-        raise DeployError(f"--alerts-webhook {url!r} is not an http(s) URL; pass the webhook's full URL, e.g. "
-                          "https://hooks.slack.com/services/...", EXIT_BAD_INPUT)
+        raise DeployError("--alerts-webhook is not an http(s) URL (not echoed: a webhook's URL holds its token); pass "
+                          "the webhook's full URL, e.g. https://hooks.slack.com/services/...", EXIT_BAD_INPUT)
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
+    # the whole URL is a secret: webhooks carry their token in the path or the query. The plain `url` field holds
+    # only a placeholder, filled from `secrets` when a notification is sent; the API shows secrets masked
     try:
-        CustomWebhookNotificationBlock(name=name, url=url, json_data={"text": "{{subject}}\n{{body}}"}).save(
-            name, overwrite=True)
+        CustomWebhookNotificationBlock(name=name, url="{{" + WEBHOOK_SECRET + "}}", secrets={WEBHOOK_SECRET: url},
+                                       json_data={"text": "{{subject}}\n{{body}}"}).save(name, overwrite=True)
     except Exception as exc:  # noqa: BLE001 - reported as a deploy failure with the cause
-        raise DeployError(f"saving the notification block {ref} failed: {exc}") from exc
+        raise DeployError(f"saving the notification block {ref} failed: {redact_urls(str(exc))}") from None
     return ref
 
 

@@ -13,6 +13,7 @@ from prefect.events import emit_event
 
 from thrifty.money.budget import AlertState, Snapshot, due_alerts, gpus_per_node, snapshot, stop_margin_s
 from thrifty.config import RunConfig
+from thrifty.config.echo import redact_urls
 from thrifty.money.estimate import Estimate
 from thrifty.money.ledger import Attempt
 from thrifty.runs import run_key
@@ -21,6 +22,23 @@ from thrifty.storage import NotFound, Store
 NOTIFY_TIMEOUT_S = 15.0  # a slow webhook must not hold up the watch loop or a hook
 
 log = logging.getLogger("thrifty.alerts")
+
+
+class RedactUrls(logging.Filter):
+    """Cuts every URL in a record to its scheme and host. On the HTTP client's loggers: at INFO and below they
+    name each request's URL, and a webhook's holds its token."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_urls(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
+for _name in ("httpx", "httpcore"):
+    if not any(isinstance(f, RedactUrls) for f in logging.getLogger(_name).filters):
+        logging.getLogger(_name).addFilter(RedactUrls())
 
 
 def notify(targets: list[str], subject: str, body: str, logger: logging.Logger | logging.LoggerAdapter = log) -> int:
@@ -43,8 +61,9 @@ def notify(targets: list[str], subject: str, body: str, logger: logging.Logger |
         threading.Thread(target=send, daemon=True, name=f"notify-{ref}").start()
         if not done.wait(NOTIFY_TIMEOUT_S):
             logger.warning("notification to %s timed out after %.0f s", ref, NOTIFY_TIMEOUT_S)
-        elif errors:
-            logger.warning("notification to %s failed: %s", ref, errors[0])
+        elif errors:  # the error quotes the webhook's URL, token and all: only its host reaches the log
+            logger.warning("notification to %s failed: %s: %s", ref, type(errors[0]).__name__,
+                           redact_urls(str(errors[0])))
         else:
             sent += 1
     return sent

@@ -14,6 +14,7 @@ from typing import Any, Callable, TypeVar
 from prefect.states import Failed, State
 
 from thrifty.config import ConfigError
+from thrifty.config.echo import shorten_words
 from thrifty.money.estimate import OverBudgetPlan
 from thrifty.storage import StoreError, StoreUnavailable
 from training.validate import SmokeTestFailed
@@ -56,7 +57,7 @@ logging.getLogger("prefect.flow_runs").addFilter(_NoTracebackForAFailedState())
 
 
 def bad_input(exc: BaseException) -> State:
-    return Failed(name=BAD_INPUT, message=f"{type(exc).__name__}: {exc}")
+    return Failed(name=BAD_INPUT, message=shorten_words(f"{type(exc).__name__}: {exc}"))
 
 
 def fails_quietly(fn: F) -> F:

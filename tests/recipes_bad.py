@@ -4,6 +4,7 @@ import dataclasses
 
 import torch
 
+from training.recipes import Recipe
 from training.recipes.digits import recipe as digits_recipe
 
 
@@ -12,5 +13,5 @@ def build_model(params, meta):
                                torch.nn.Linear(params.hidden, meta["classes"]))
 
 
-def recipe():
+def recipe() -> Recipe:
     return dataclasses.replace(digits_recipe(), name="digits-shape-bug", build_model=build_model)

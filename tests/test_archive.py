@@ -1,7 +1,9 @@
 """Stale-artifact archival on file://, s3:// (moto), gs:// (gcp-storage-emulator) and az:// (Azurite).
 
 The clock is moved, not the objects: everything here was written seconds ago, and ``as_of`` a year
-ahead makes it stale. The planner's windows are tested on listings with chosen timestamps.
+ahead makes it stale; ``scan(now=...)`` moves the pass's real clock too, which no option can (a run
+touched within a day by it is never moved). Through the CLI and the flow, whose clock is real, a file
+store's objects are aged instead. The planner's windows are tested on listings with chosen timestamps.
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ def save_run(store, run_id: str, metrics: list[float], running: bool = False) ->
         store.put_bytes(run_key(run_id, "summary.json"), b'{"steps": 40}')
 
 
+def age(root, days: float = 30) -> None:
+    """Make every object of a file store look ``days`` old to the real clock (the CLI and the flow cannot move it)."""
+    then = (NOW - dt.timedelta(days=days)).timestamp()
+    for path in root.rglob("*"):
+        if path.is_file():
+            os.utime(path, (then, then))
+
+
 def digits(store):
     recipe = resolve_recipe("digits")
     return ensure_shards(store, recipe, recipe.parse_params({"limit": 300}))
@@ -77,7 +87,7 @@ def settings(store, **kw) -> ArchiveSettings:
 def test_stale_checkpoints_move_gold_and_live_stay(scenario, backend):
     store = scenario
     before = classes(store)
-    plan = archive.scan(store, settings(store))
+    plan = archive.scan(store, settings(store), now=LATER)
     assert classes(store) == before, "planning moves nothing"
     moved = {i.key for i in plan.to_archive}
     out = archive.apply(store, plan)
@@ -98,7 +108,7 @@ def test_stale_checkpoints_move_gold_and_live_stay(scenario, backend):
     assert reasons["runs/done/"].startswith("run metadata")
 
     # a second pass changes nothing
-    again = archive.scan(store, settings(store))
+    again = archive.scan(store, settings(store), now=LATER)
     assert again.to_archive == [] and archive.apply(store, again).moved == []
     assert classes(store) == after
 
@@ -122,7 +132,7 @@ FIRST_RESTORE = {("s3", "archive"): ("requested", "within 12 hours"), ("s3", "co
 @pytest.mark.parametrize("tier", ["archive", "cold"])
 def test_restore_brings_a_run_back(scenario, backend, tier):
     store = scenario
-    archive.apply(store, archive.scan(store, settings(store, tier=tier)))
+    archive.apply(store, archive.scan(store, settings(store, tier=tier), now=LATER))
     cold = {"archive": COLD, "cold": {"file": "ARCHIVE", "s3": "GLACIER", "gcs": "COLDLINE", "azure": "Cold"}}[tier]
     assert {o.storage_class for o in store.list("runs/done/ckpt/step-000000040/")} == {cold[backend.name]}
     first = archive.restore_run(store, "done")
@@ -165,15 +175,15 @@ class DiesAfter:
 @pytest.mark.parametrize("die_after", [1, 5])
 def test_killed_half_way_then_run_again_finishes_once(scenario, die_after):
     store, changes = scenario, {}
-    expected = {i.key for i in archive.scan(store, settings(store)).to_archive}
+    expected = {i.key for i in archive.scan(store, settings(store), now=LATER).to_archive}
     with pytest.raises(Killed):
-        archive.apply(DiesAfter(store, die_after, changes), archive.scan(store, settings(store)))
+        archive.apply(DiesAfter(store, die_after, changes), archive.scan(store, settings(store), now=LATER))
     assert sum(changes.values()) == die_after
     # in between, every checkpoint is either complete and hot or archived: never torn, never a silent fallback
     for run in ("done", "live"):
         for info in CheckpointManager(store, run, keep_last=10).committed():
             assert info.archived or not any(is_cold(o.storage_class) for o in store.list(info.prefix + "/"))
-    archive.apply(DiesAfter(store, None, changes), archive.scan(store, settings(store)))
+    archive.apply(DiesAfter(store, None, changes), archive.scan(store, settings(store), now=LATER))
     assert set(changes) == expected and set(changes.values()) == {1}, "everything moved, nothing twice"
 
 
@@ -181,15 +191,15 @@ def test_killed_half_way_then_run_again_finishes_once(scenario, die_after):
 def test_kill_9_mid_pass_then_the_next_pass_finishes(scenario, backend):
     """A real SIGKILL in a real process (the CLI's --apply path minus Prefect), then a second pass."""
     store = scenario
-    expected = {i.key for i in archive.scan(store, settings(store)).to_archive}
+    expected = {i.key for i in archive.scan(store, settings(store), now=LATER).to_archive}
     code = ("import sys; from thrifty import archive; s = archive.ArchiveSettings(store=sys.argv[1], "
-            "as_of=sys.argv[2]); st = archive.open_checked(s); archive.apply(st, archive.scan(st, s))")
+            "as_of=sys.argv[2]); st = archive.open_checked(s); archive.apply(st, archive.scan(st, s, now=s.as_of))")
     proc = subprocess.run([sys.executable, "-c", code, store.uri, LATER.isoformat()], cwd=REPO, capture_output=True,
                           text=True, timeout=120, env=child_env(os.environ, {"THRIFTY_FAULT": "archive_move:3"}))
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     cold = {k for k, c in classes(store).items() if is_cold(c)}
     assert len(cold) == 3 and cold < expected
-    out = archive.apply(store, archive.scan(store, settings(store)))
+    out = archive.apply(store, archive.scan(store, settings(store), now=LATER))
     assert {i.key for i in out.moved} == expected - cold and not out.failed
     assert {k for k, c in classes(store).items() if is_cold(c)} == expected
 
@@ -197,7 +207,7 @@ def test_kill_9_mid_pass_then_the_next_pass_finishes(scenario, backend):
 def test_a_run_that_wakes_up_during_the_pass_is_left_alone(tmp_path):
     store = open_store(str(tmp_path / "store"))
     save_run(store, "done", [0.5, 0.3, 0.4])
-    plan = archive.scan(store, settings(store))
+    plan = archive.scan(store, settings(store), now=LATER)
     assert {i.group for i in plan.to_archive} == {"runs/done/ckpt/step-000000010/", "runs/done/ckpt/step-000000030/"}
     write_job_attempts(store, "done", "job-1", [attempt(1, 1.0, 2.0), attempt(2, 3.0, None)])  # resumed meanwhile
     out = archive.apply(store, plan)
@@ -249,7 +259,7 @@ def test_the_summarys_best_checkpoint_stays_even_without_a_metric_mode_in_its_co
         del record["metric_mode"]
         store.put_bytes(c.prefix + "/COMMIT", json.dumps(record).encode())
     store.put_bytes(run_key("acc", "summary.json"), json.dumps({"best_metric": {"checkpoint_step": 20}}).encode())
-    kept = {i.group for i in archive.scan(store, settings(store)).items if i.reason.startswith("best")}
+    kept = {i.group for i in archive.scan(store, settings(store), now=LATER).items if i.reason.startswith("best")}
     assert kept == {"runs/acc/ckpt/step-000000010/", "runs/acc/ckpt/step-000000020/"}  # min by default, and 20
 
 
@@ -330,6 +340,7 @@ def test_flow_dry_run_then_apply_publishes_the_report(prefect_harness, tmp_path)
 
     store = open_store(str(tmp_path / "store"))
     save_run(store, "done", [0.5, 0.3, 0.4])
+    age(tmp_path / "store")
     dry = archive_stale(store=store.uri, as_of=LATER)
     assert dry["dry_run"] and dry["objects_to_archive"] == 4 and dry["bytes_to_archive"] > 0
     assert not any(is_cold(o.storage_class) for o in store.list())
@@ -353,6 +364,7 @@ def test_cli_dry_run_marks_and_restore(tmp_path, capsys):
     root = tmp_path / "store"
     store = open_store(str(root))
     save_run(store, "done", [0.5, 0.3, 0.4])
+    age(root)
     later = LATER.date().isoformat()
     assert main(["archive", "--dry-run", "--store", str(root), "--as-of", later]) == 0
     out = capsys.readouterr().out
@@ -362,7 +374,7 @@ def test_cli_dry_run_marks_and_restore(tmp_path, capsys):
     assert main(["archive", "--store", str(root), "--as-of", later]) == 0
     assert "| to archive | 0 objects" in capsys.readouterr().out
     assert main(["archive", "unmark", "done", "--store", str(root)]) == 0
-    archive.apply(store, archive.scan(store, settings(store)))
+    archive.apply(store, archive.scan(store, settings(store), now=LATER))
     assert main(["archive", "restore", "done", "--store", str(root)]) == 0
     assert "4 object(s) back in the hot tier, 0 restoring; the run can resume" in capsys.readouterr().out
     assert main(["archive", "--store", str(root), "--older-than-days", "0"]) == 2
@@ -376,6 +388,7 @@ def test_a_dry_run_needs_no_write_access(tmp_path, monkeypatch, capsys):
 
     root = tmp_path / "store"
     save_run(open_store(str(root)), "done", [0.5, 0.3, 0.4])
+    age(root)
 
     def denied(uri):
         raise StoreError(f"store {uri!r}: access denied (write); grant the identity in use s3:PutObject")

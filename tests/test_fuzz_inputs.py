@@ -40,9 +40,9 @@ BAD_SETTINGS = [
 
 # they pass the RunConfig but not the recipe or the data: the training program's own checks, run before it trains
 BAD_RECIPES = [
-    (["--set", "recipe=json:loads"], "calling 'json:loads' failed"),
+    (["--set", "recipe=json:loads"], "'json:loads' is not a recipe"),
     (["--set", "recipe=no.such.module:recipe"], "cannot import module"),
-    (["--set", "recipe=os:getcwd"], "not a training.recipes.Recipe"),
+    (["--set", "recipe=os:getcwd"], "'os:getcwd' is not a recipe"),
     (["--set", "recipe_params.nope=1"], "is not an option"),
     (["--set", "recipe_params.limit=-1"], "recipe_params.limit"),
     (["--set", "recipe_params.hidden=inf"], "recipe_params.hidden"),

@@ -14,7 +14,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Any, Callable
+from typing import Callable
 
 from thrifty.config import ConfigError, RunConfig, add_config_args, config_from_args
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
@@ -39,8 +39,10 @@ def error(message: str) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    # escaped: '[lo, hi]' in a message is text, not rich markup to drop
-    Console(stderr=True).print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    from thrifty.config.echo import shorten_words
+
+    # escaped: '[lo, hi]' in a message is text, not rich markup to drop; a 100 KB argument it quotes is cut
+    Console(stderr=True).print(f"[red]error:[/] {escape(shorten_words(message))}", highlight=False, soft_wrap=True)
 
 
 def guarded(handler: Handler, args: argparse.Namespace) -> int:
@@ -198,6 +200,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from thrifty import archive
+    from thrifty.archive import commands
 
     settings = archive.build_settings(
         {"store": args.store, "older_than_days": args.older_than_days,
@@ -205,13 +208,13 @@ def cmd_archive(args: argparse.Namespace) -> int:
         "the command line")
     action = args.archive_command
     if action in ("gold", "pin", "unmark"):
-        done = _archive_mark(settings, action, args.target)
+        done = commands.mark(settings, action, args.target)
         args.settings = settings
         return elsewhere("archive gold --export")(args) if getattr(args, "export", None) else done
     if action == "restore":
-        return _archive_restore(settings, args)
+        return commands.restore(settings, args.run_id, args.priority, args.days)
     if action == "lifecycle":
-        return _archive_lifecycle(settings, args.apply)
+        return commands.lifecycle(settings, args.apply)
     if args.apply:
         archive.open_checked(settings, writable=True)  # a missing bucket or a read-only key: said now, not in a flow
         return elsewhere("archive --apply")(args)
@@ -221,66 +224,6 @@ def cmd_archive(args: argparse.Namespace) -> int:
     print(archive.markdown(plan), end="")
     if plan.to_archive:
         print("\nNothing was moved (dry run). Run again with --apply to move these objects.")
-    return EXIT_OK
-
-
-def _archive_mark(settings: Any, action: str, target: str) -> int:
-    from thrifty import archive
-
-    store = archive.open_checked(settings)
-    policy = archive.Policy.load(store)
-    prefix = archive.mark_prefix(target)
-    if action == "gold":
-        policy.gold.append(prefix)
-    elif action == "pin":
-        policy.pinned.append(prefix)
-    else:
-        policy.gold = [p for p in policy.gold if p != prefix]
-        policy.pinned = [p for p in policy.pinned if p != prefix]
-    policy.save(store)
-    policy = archive.Policy.load(store)
-    print(f"{archive.POLICY_KEY} in {store.uri}: gold {policy.gold or '[]'}, pinned {policy.pinned or '[]'}")
-    if action != "unmark" and not store.list(prefix):
-        print(f"warning: nothing in the store starts with {prefix} yet (a typo?); the mark applies once it does",
-              file=sys.stderr)
-    return EXIT_OK
-
-
-def _archive_restore(settings: Any, args: argparse.Namespace) -> int:
-    from collections import Counter
-
-    from thrifty import archive
-
-    store = archive.open_checked(settings)
-    statuses = archive.restore_run(store, args.run_id, priority=args.priority, days=args.days)
-    if not statuses:
-        print(f"run {args.run_id}: nothing is archived; it can resume as it is")
-        return EXIT_OK
-    for st in statuses:
-        print(f"{st.state:<12} {st.key}" + (f"  (the provider says {st.eta})" if st.state != "done" else ""))
-    counts = Counter(st.state for st in statuses)
-    pending = counts["requested"] + counts["in progress"]
-    etas = sorted({st.eta for st in statuses if st.state != "done"})
-    print(f"\nrun {args.run_id}: {counts['done']} object(s) back in the hot tier, {pending} restoring"
-          + (f"; the provider says: {', '.join(etas)}. Run this command again after that to finish." if pending
-             else "; the run can resume."))
-    return EXIT_OK
-
-
-def _archive_lifecycle(settings: Any, apply: bool) -> int:
-    import json
-
-    from thrifty import archive
-
-    store = archive.open_checked(settings, writable=apply)
-    rules = archive.lifecycle_rules(store, settings)
-    print(json.dumps(rules, indent=2))
-    print(archive.LIFECYCLE_CAVEAT)
-    if apply:
-        archive.install_lifecycle(store, rules)
-        print(f"installed on {store.uri} (other rules of the bucket kept)")
-    else:
-        print("Not installed: run again with --apply to install these rules.")
     return EXIT_OK
 
 

@@ -1,4 +1,5 @@
-"""Fault points for crash tests: ``THRIFTY_FAULT=<point>:<n>`` SIGKILLs this process the n-th time it passes ``point``;
+"""Fault points for crash tests: ``THRIFTY_FAULT=<point>:<n>`` SIGKILLs this process the n-th time it passes ``point``
+(``<point>:<n>:stop`` SIGSTOPs it instead: a test then looks at a live process frozen at that point);
 ``THRIFTY_MIN_STEP_S=<s>`` makes every optimizer step take at least that long (a fixed emulated speed).
 
 Points: ``step`` (after an optimizer step), ``during_data`` (a write call inside a checkpoint's data),
@@ -22,8 +23,9 @@ def fault_point(point: str) -> None:
     counter = f"_THRIFTY_FAULT_HITS_{point}"
     hits = int(os.environ.get(counter, "0")) + 1
     os.environ[counter] = str(hits)
-    if hits == int(spec.split(":", 1)[1]):
-        os.kill(os.getpid(), signal.SIGKILL)
+    n, _, action = spec.split(":", 1)[1].partition(":")
+    if hits == int(n):
+        os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
 
 
 def pace(step_started: float) -> None:

@@ -17,8 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from thrifty.runs import checkpoints, shards
 from thrifty.runs.reuse import EXPORT_RECORD_NAMES
 from thrifty.config import ConfigError, StoreUri, format_validation_error, store_scheme
+from thrifty.config.echo import shown
 from thrifty.storage import NotFound, ObjectInfo, Store, is_cold
 
+LIVE_FLOOR = dt.timedelta(days=1)  # a run (or cache entry) touched this recently by the pass's own clock is never
+# moved, whatever --active-window-days or --as-of say: a restart's first seconds look idle to the ledger
 POLICY_KEY = "archive-policy.json"  # {"gold": [key prefix, ...], "pinned": [key prefix, ...]}
 # what makes a checkpoint / a cache entry / a half-precision export complete: moved first, restored last
 COMMIT_NAMES = (checkpoints.COMMIT, shards.MANIFEST, *EXPORT_RECORD_NAMES)
@@ -56,6 +59,8 @@ class ArchiveSettings(BaseModel):
     @field_validator("as_of")
     @classmethod
     def _aware(cls, v: dt.datetime | None) -> dt.datetime | None:
+        if v is not None and not 1970 <= v.year <= 9000:  # days are counted back from it: year 1 has no past
+            raise ValueError(f"as_of {v:%Y-%m-%d} is out of range; give a date between 1970 and 9000")
         return v.replace(tzinfo=dt.timezone.utc) if v is not None and v.tzinfo is None else v
 
     @property
@@ -98,12 +103,30 @@ class Policy:
         return None
 
 
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}")  # a resolved run_name (thrifty.config.RUN_NAME_PATTERN)
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it names a run as run_name does; else a ConfigError (``..`` or a '/' would leave ``runs/``)."""
+    if not _RUN_ID.fullmatch(run_id):
+        raise ConfigError(f"{shown(run_id)} is not a run id: a run id is the run's run_name, 1-63 letters, digits, "
+                          "'.', '_' or '-' starting with a letter or digit (`thrifty report` lists a store's runs)")
+    return run_id
+
+
 def mark_prefix(target: str) -> str:
-    """A RUN_ID means the whole run; anything with a '/' is a key prefix (a checkpoint, a cache entry)."""
+    """A RUN_ID means the whole run; anything with a '/' is a key prefix (a checkpoint, a cache entry) under runs/ or
+    cache/, the only places archival moves anything."""
     target = target.strip().strip("/")
     if not target:
         raise ConfigError("give a run id (e.g. nightly-2026-11-20) or a key prefix (runs/<run>/ckpt/step-000000120)")
-    return f"runs/{target}/" if "/" not in target else f"{target}/"
+    if "/" not in target:
+        return f"runs/{check_run_id(target)}/"
+    parts = target.split("/")
+    if parts[0] not in ("runs", "cache") or any(p in ("", ".", "..") for p in parts):
+        raise ConfigError(f"{shown(target)} is not a key prefix of the store: give a run id, or a prefix under runs/ "
+                          "or cache/ without '.' or '..' parts (e.g. runs/nightly-20261120/ckpt/step-000000120)")
+    return f"{target}/"
 
 
 @dataclass
@@ -115,10 +138,22 @@ class RunFacts:
     latest_step: int | None  # newest complete checkpoint
     best_steps: frozenset[int] = frozenset()  # its gold weights: the best by the commit records' metrics, and the
     # summary's best checkpoint (which also covers commits written before they recorded min or max)
+    leased: bool = False  # its lease is live when read: a job, its flow, or a `thrifty train` holds the run now
+    # (thrifty.runs.lease; also between a preemption and the restart, and for runs that write no ledger)
+    cache_keys: frozenset[str] = frozenset()  # the cache entries its newest attempt trains from (read when live)
 
     def fingerprint(self) -> tuple:
         """What must not change between plan and move (a run that woke up in between is left alone)."""
-        return self.running, self.latest_step
+        return self.running, self.latest_step, self.leased
+
+    def live(self, now: dt.datetime | None) -> str | None:
+        """Why no object of this run may move at all, or None: it holds a live lease, or it wrote something within
+        LIVE_FLOOR of ``now`` (the real clock of the pass, never ``as_of``)."""
+        if self.leased:
+            return "run holds a live lease (training now)"
+        if now is not None and self.last_activity is not None and self.last_activity >= now - LIVE_FLOOR:
+            return f"run active within the last {LIVE_FLOOR.total_seconds() / 3600:g} hours"
+        return None
 
 
 @dataclass(frozen=True)
@@ -138,6 +173,7 @@ class Plan:
     as_of: dt.datetime
     items: list[Item]
     runs: dict[str, RunFacts]
+    now: dt.datetime | None = None  # the real clock when it was planned (as_of may be any date)
 
     @property
     def target_class(self) -> str:
@@ -160,10 +196,17 @@ def _group(key: str) -> str:
 
 
 def plan(objects: list[ObjectInfo], runs: dict[str, RunFacts], policy: Policy, settings: ArchiveSettings,
-         as_of: dt.datetime) -> Plan:
-    """Decide, object by object, what moves to the cold tier. Pure: no store access."""
+         as_of: dt.datetime, now: dt.datetime | None = None) -> Plan:
+    """Decide, object by object, what moves to the cold tier. Pure: no store access.
+
+    ``as_of`` is the date ages are measured from (any date, to preview a pass); ``now`` is the real clock, which
+    no option moves: a live run (a live lease, or anything written within LIVE_FLOOR of ``now``) keeps every
+    object, a run active within the window before ``as_of`` or before ``now`` keeps its latest checkpoint, and a
+    cache entry used within LIVE_FLOOR of ``now`` stays. ``now`` None (unit tests of the windows) skips the clock.
+    """
     stale_before = as_of - dt.timedelta(days=settings.older_than_days)
-    active_after = as_of - dt.timedelta(days=settings.active_window_days)
+    window = dt.timedelta(days=settings.active_window_days)
+    active_after = min(as_of, now or as_of) - window
     # a group moves whole and its age is its newest hot object's: a cache hit rewrites LAST_USED, and a
     # class change rewrites an object's timestamp on S3/GCS, so cold objects say nothing about use
     group_age: dict[str, dt.datetime] = {}
@@ -171,6 +214,7 @@ def plan(objects: list[ObjectInfo], runs: dict[str, RunFacts], policy: Policy, s
         if not is_cold(o.storage_class):
             g = _group(o.key)
             group_age[g] = max(group_age.get(g, o.last_modified), o.last_modified)
+    in_use = {key: run_id for run_id, facts in runs.items() if facts.live(now) for key in facts.cache_keys}
     items = []
     for o in objects:
         if not (o.key.startswith("runs/") or o.key.startswith("cache/")):
@@ -187,9 +231,12 @@ def plan(objects: list[ObjectInfo], runs: dict[str, RunFacts], policy: Policy, s
         elif ckpt:
             run_id, step, _ = ckpt
             facts = runs.get(run_id)
+            untouchable = facts.live(now) if facts is not None else None
             live = facts is not None and (facts.running or (facts.last_activity is not None
                                                             and facts.last_activity >= active_after))
-            if facts is not None and step in facts.best_steps:
+            if untouchable:
+                action, reason = "keep", untouchable
+            elif facts is not None and step in facts.best_steps:
                 action, reason = "keep", "best checkpoint (gold weights)"
             elif live and step == facts.latest_step:
                 action, reason = "keep", ("latest checkpoint of a running run" if facts.running else
@@ -199,7 +246,11 @@ def plan(objects: list[ObjectInfo], runs: dict[str, RunFacts], policy: Policy, s
                 action, reason = "keep", f"modified within {settings.older_than_days:g} days"
         elif o.key.startswith("runs/"):
             action, reason = "keep", "run metadata (ledger, metrics, summary, logs) stays readable"
+        elif (m := _CACHE.match(o.key)) and m.group(1) in in_use:
+            action, reason = "keep", f"cache entry of live run {in_use[m.group(1)]}"
+        elif now is not None and modified >= now - LIVE_FLOOR:
+            action, reason = "keep", f"cache entry used within the last {LIVE_FLOOR.total_seconds() / 3600:g} hours"
         elif modified >= stale_before:
             action, reason = "keep", f"cache entry used within {settings.older_than_days:g} days"
         items.append(Item(o.key, group, o.size, o.storage_class, o.last_modified, action, reason))
-    return Plan(settings, as_of, items, runs)
+    return Plan(settings, as_of, items, runs, now)

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from thrifty.runs import checkpoints
-from thrifty.archive.plan import _RUN, COMMIT_NAMES, ArchiveSettings, Item, Plan, Policy, RunFacts, plan, utcnow
+from thrifty.runs import checkpoints, lease
+from thrifty.archive.plan import (_RUN, COMMIT_NAMES, ArchiveSettings, Item, Plan, Policy, RunFacts, check_run_id, plan,
+                                  utcnow)
 from thrifty.config import ConfigError
 from thrifty.faults import fault_point
 from thrifty.money.ledger import read_attempts
-from thrifty.runs import run_key, summary_best_step
+from thrifty.runs import read_jsonl, run_key, summary_best_step
 from thrifty.storage import Archived, NotFound, ObjectInfo, RestoreStatus, Store, StoreError, check_store, is_cold, open_store
 
 log = logging.getLogger("thrifty.archive")
@@ -21,11 +23,18 @@ log = logging.getLogger("thrifty.archive")
 # ------------------------------------------------------------------------------------------- reading a store
 
 
-def run_facts(store: Store, run_id: str, objects: list[ObjectInfo]) -> RunFacts:
+def run_facts(store: Store, run_id: str, objects: list[ObjectInfo], now: dt.datetime | None = None) -> RunFacts:
+    """What the planner needs about one run; ``now`` (default: the real clock) judges whether its lease is live."""
     try:
         running = any(a.ended_unix is None for a in read_attempts(store, run_id))
     except (Archived, json.JSONDecodeError, TypeError):  # unreadable: assume the worst
         running = True
+    try:
+        held = lease.read(store, run_id)
+    except Archived:  # an archived lease.json (archival never moves one): held, to be safe
+        leased = True
+    else:
+        leased = held is not None and held.live((now or utcnow()).timestamp())
     infos = checkpoints.committed(store, run_id)
     hot = [c for c in infos if not c.archived]
     best = checkpoints.best(hot, checkpoints.mode_of(hot))
@@ -34,7 +43,20 @@ def run_facts(store: Store, run_id: str, objects: list[ObjectInfo]) -> RunFacts:
     if summary_best is not None:
         steps.add(summary_best)
     last = max((o.last_modified for o in objects if not is_cold(o.storage_class)), default=None)
-    return RunFacts(running, last, infos[-1].step if infos else None, frozenset(steps))
+    facts = RunFacts(running, last, infos[-1].step if infos else None, frozenset(steps), leased)
+    if facts.live(now or utcnow()):  # a live run's shards stay where it reads them
+        facts.cache_keys = _cache_keys(store, objects)
+    return facts
+
+
+def _cache_keys(store: Store, objects: list[ObjectInfo]) -> frozenset[str]:
+    """The cache entries named by the start records of the run's newest metrics file."""
+    metrics = [o for o in objects if "/metrics/" in o.key and o.key.endswith(".jsonl") and not is_cold(o.storage_class)]
+    if not metrics:
+        return frozenset()
+    newest = max(metrics, key=lambda o: o.last_modified)
+    return frozenset(str(r["cache_key"]) for r in read_jsonl(store, newest.key)
+                     if r.get("event") == "start" and r.get("cache_key"))
 
 
 def _runs_of(objects: list[ObjectInfo]) -> dict[str, list[ObjectInfo]]:
@@ -57,12 +79,14 @@ def open_checked(settings: ArchiveSettings, writable: bool = True) -> Store:
         raise ConfigError(str(exc)) from None
 
 
-def scan(store: Store, settings: ArchiveSettings) -> Plan:
-    """List the store's runs and cache and plan the pass."""
-    as_of = settings.as_of or utcnow()
+def scan(store: Store, settings: ArchiveSettings, now: dt.datetime | None = None) -> Plan:
+    """List the store's runs and cache and plan the pass. ``now`` is the real clock (tests move it; no option does):
+    live runs and fresh cache entries are judged by it whatever ``settings.as_of`` says."""
+    now = now or utcnow()
+    as_of = settings.as_of or now
     objects = store.list("runs/") + store.list("cache/")
-    runs = {run_id: run_facts(store, run_id, objs) for run_id, objs in _runs_of(objects).items()}
-    return plan(objects, runs, Policy.load(store), settings, as_of)
+    runs = {run_id: run_facts(store, run_id, objs, now) for run_id, objs in _runs_of(objects).items()}
+    return plan(objects, runs, Policy.load(store), settings, as_of, now)
 
 
 # ------------------------------------------------------------------------------------------- moving
@@ -96,10 +120,12 @@ def apply(store: Store, p: Plan, progress: Callable[[int, int, Item], None] | No
         if ckpt:
             run_id = ckpt[0]
             if run_id not in rechecked:
-                now = run_facts(store, run_id, store.list(run_key(run_id) + "/"))
-                rechecked[run_id] = run_id not in p.runs or now.fingerprint() == p.runs[run_id].fingerprint()
+                now = max(p.now or utcnow(), utcnow())  # a plan made with a moved clock keeps it
+                fresh = run_facts(store, run_id, store.list(run_key(run_id) + "/"), now)
+                rechecked[run_id] = (run_id not in p.runs or fresh.fingerprint() == p.runs[run_id].fingerprint()) \
+                    and not fresh.live(now)
             if not rechecked[run_id]:
-                out.left_alone.append((item, f"run {run_id} changed since the scan"))
+                out.left_alone.append((item, f"run {run_id} changed since the scan, or is live"))
                 continue
         if item.group in failed_groups:  # its commit record did not move: leave the rest of it hot too
             out.left_alone.append((item, "an earlier object of its group failed"))
@@ -123,7 +149,7 @@ def apply(store: Store, p: Plan, progress: Callable[[int, int, Item], None] | No
 
 def restore_run(store: Store, run_id: str, *, priority: str = "standard", days: int = 7) -> list[RestoreStatus]:
     """Start (or finish) restoring every cold object of a run: data first, commit records last."""
-    objects = store.list(f"runs/{run_id}/")
+    objects = store.list(f"runs/{check_run_id(run_id)}/")
     if not objects:
         raise ConfigError(f"no run {run_id!r} in {store.uri}; `thrifty report` lists the runs of a store")
     cold = sorted((o for o in objects if is_cold(o.storage_class)),

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import yaml
 
 from thrifty.config.base import ConfigError
+from thrifty.config.echo import MAX_CONFIG_BYTES, check_plain, cut, shown
 from thrifty.config.run import RunConfig, build_config
 from thrifty.protocol import ENV_CONFIG as ENV_VAR  # the RunConfig as JSON, in the environment of a training node
 
@@ -22,15 +23,18 @@ _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # YAML 1.1 reads 3e-
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``train.lr=3e-4`` -> (['train', 'lr'], 0.0003); the value is read as YAML."""
     if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like section.key=value, e.g. train.lr=0.0003")
+        raise ConfigError(f"override {shown(item)} must look like section.key=value, e.g. train.lr=0.0003")
     key, raw = item.split("=", 1)
     path = [p for p in key.strip().split(".") if p]
     if not path:
-        raise ConfigError(f"override {item!r} has no key before '='")
+        raise ConfigError(f"override {shown(item)} has no key before '='")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from exc
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of more than 4300 digits
+        raise ConfigError(f"override {shown(item)}: value is not valid YAML ({cut(str(exc), 300)})") from None
+    except RecursionError:
+        raise ConfigError(f"override {shown(key.strip())}: its value nests too deeply; give a plain value") from None
+    check_plain(value, f"override {shown(key.strip())}")
     if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
         value = float(value)  # YAML 1.1 reads 3e-4 as a string
     elif not isinstance(value, (str, int, float, bool, list, dict, type(None))):
@@ -46,7 +50,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         for p in path[:-1]:
             child = node.setdefault(p, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: '{p}' is a value, not a section")
+                raise ConfigError(f"override {shown(item)}: {shown(p)} is a value, not a section")
             node = child
         node[path[-1]] = value
     return out
@@ -54,20 +58,38 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist; pass --config with a YAML or JSON RunConfig")
+    name = shown(str(p))
     try:
-        text = p.read_text()
+        if not p.is_file():
+            raise ConfigError(f"config file {name} does not exist; pass --config with a YAML or JSON RunConfig")
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"config file {name} cannot be read ({exc.strerror}); check the path") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {name} is over {MAX_CONFIG_BYTES >> 20} MiB; a RunConfig is a few KB of "
+                          "settings: check that --config names the right file")
+    kind = "YAML" if p.suffix != ".json" else "JSON"
+    try:
+        text = raw.decode("utf-8-sig")  # a byte-order mark (some Windows editors write one) is not part of it
+    except UnicodeDecodeError:
+        utf16 = raw[:2] in (b"\xff\xfe", b"\xfe\xff")
+        raise ConfigError(f"config file {name} is not UTF-8 text" + (" (it is UTF-16)" if utf16 else "") +
+                          f"; save it as UTF-8 {kind}") from None
+    try:
         if not text.strip():
             data = None
         else:
             data = yaml.safe_load(text) if p.suffix in (".yaml", ".yml") else json.loads(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"config file {str(p)!r} is not valid {'YAML' if p.suffix != '.json' else 'JSON'}: {exc}") from exc
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: JSON's own, or an integer of more than 4300 digits
+        raise ConfigError(f"config file {name} is not valid {kind}: {cut(str(exc), 400)}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {name} nests too deeply to read; a config is a few levels of settings") from None
+    check_plain(data, f"config file {name}")
     if data is None:  # an empty file, YAML or JSON alike, means every default (a local run: nothing is rented)
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(p)!r} must hold a mapping of settings at the top level")
+        raise ConfigError(f"config file {name} must hold a mapping of settings at the top level")
     return data
 
 
@@ -85,13 +107,20 @@ def config_from_env(environ: Mapping[str, str]) -> RunConfig | None:
     if not raw:
         return None
     if not raw.lstrip().startswith("{"):
-        if Path(raw).is_file():
+        try:
+            is_file = Path(raw).is_file()
+        except (OSError, ValueError):  # a name too long for a path, a NUL in it
+            is_file = False
+        if is_file:
             return load_config(raw)
-        raise ConfigError(f"${ENV_VAR} is neither a RunConfig as JSON nor the path of a config file: {raw[:200]!r}")
+        raise ConfigError(f"${ENV_VAR} is neither a RunConfig as JSON nor the path of a config file: {shown(raw)}")
     try:
         data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"${ENV_VAR} is not valid JSON: {exc}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"${ENV_VAR} is not valid JSON: {cut(str(exc), 400)}") from None
+    except RecursionError:
+        raise ConfigError(f"${ENV_VAR} nests too deeply to read") from None
+    check_plain(data, f"${ENV_VAR}")
     return build_config(data, source=f"${ENV_VAR}")
 
 

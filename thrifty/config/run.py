@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from thrifty.config.base import ConfigError, StoreUri, _Frozen
 from thrifty.config.reuse import DataConfig
+from thrifty.config.echo import check_plain, cut, shown
 from thrifty.config.sections import BudgetConfig, ComputeConfig, TrainConfig
 
 
@@ -27,6 +28,7 @@ PATTERN_HELP = {
 }
 
 
+MAX_ERRORS_SHOWN = 20  # a file of ten thousand typos makes one readable message
 # train fields that cannot change the final weights (an export of them is written after the end)
 PAUSE_AND_IO_FIELDS = ("stop_at_epoch", "async_checkpoint", "export_half", "export_tolerance")
 # train fields added after runs were fingerprinted: left out at these defaults, so the fingerprint of a run finished
@@ -78,6 +80,11 @@ class RunConfig(_Frozen):
                                  "alerts and where they go.")
     data: DataConfig = Field(default_factory=DataConfig, description="What the preprocessing cache does to the "
                              "recipe's examples before they are trained on: deduplication.")
+
+    @field_validator("recipe_params")
+    @classmethod
+    def _plain_params(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_plain(v, "recipe_params")  # a form's JSON is not a config file: the same limits
 
     @field_validator("run_name")
     @classmethod
@@ -131,18 +138,21 @@ def _dated(run_name: str, when: dt.date) -> str:
 
 def format_validation_error(err: ValidationError, source: str, what: str = "run config") -> str:
     parts = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    errors = err.errors()
+    for e in errors[:MAX_ERRORS_SHOWN]:
+        loc = cut(".".join(str(p) for p in e["loc"])) or "(top level)"
         if e["type"] == "extra_forbidden":
             parts.append(f"'{loc}' is not a known setting (remove it or check its spelling)")
         elif e["type"] == "string_pattern_mismatch" and e["ctx"]["pattern"] in PATTERN_HELP:
-            parts.append(f"'{loc}' {PATTERN_HELP[e['ctx']['pattern']]} (got {e['input']!r})")
+            parts.append(f"'{loc}' {PATTERN_HELP[e['ctx']['pattern']]} (got {shown(e['input'])})")
         else:
-            msg = e["msg"].removeprefix("Value error, ")
+            msg = cut(e["msg"].removeprefix("Value error, "), 600)
             given = e.get("input")
-            shown = "" if isinstance(given, (dict, list)) or given is None else f" (got {given!r})"
-            parts.append(f"'{loc}': {msg}{shown}")
-    return f"Invalid {what} from {source}: " + "; ".join(parts) + ". Fix these settings and run again."
+            echo = "" if isinstance(given, (dict, list)) or given is None else f" (got {shown(given)})"
+            parts.append(f"'{loc}': {msg}{echo}")
+    if len(errors) > MAX_ERRORS_SHOWN:
+        parts.append(f"and {len(errors) - MAX_ERRORS_SHOWN} more")
+    return f"Invalid {what} from {cut(source)}: " + "; ".join(parts) + ". Fix these settings and run again."
 
 
 def build_config(data: dict[str, Any], source: str = "input") -> RunConfig:

@@ -30,4 +30,7 @@ def daly_expected_wall_s(work_s: float, interval_s: float, save_s: float, restar
         raise ValueError("work, interval and MTBF must be positive; save and restart times not negative")
     full, last = divmod(work_s, interval_s)
     per_segment = lambda length: mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((length + save_s) / mtbf_s)  # noqa: E731
-    return full * per_segment(interval_s) + (per_segment(last) if last > 1e-9 * interval_s else 0.0)
+    try:
+        return full * per_segment(interval_s) + (per_segment(last) if last > 1e-9 * interval_s else 0.0)
+    except OverflowError:  # a segment or restart hundreds of times the MTBF: it never finishes
+        return math.inf

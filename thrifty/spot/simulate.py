@@ -26,6 +26,9 @@ from thrifty.spot.daly import daly_expected_wall_s, daly_interval_s
 from thrifty.spot.preemption import TraceStats
 
 MAX_WALL_FACTOR = 200.0  # a trial still unfinished after this many times its work never finishes at that interval
+NO_INTERVAL_FINISHES = ("no interval finishes the run: preemptions come faster than a checkpoint can be saved and the "
+                        "run restarted")
+MAX_LIVES = 50_000_000  # instance lives drawn in one simulation at most (~a minute): more is refused up front
 
 
 class PreemptionModel(Protocol):
@@ -194,6 +197,8 @@ def one_run(work_s: float, interval_s: float, save_s: float, restart_s: float, d
                 life -= restart_s
                 break
             wall += life
+            if wall > max_wall_s:  # a restart longer than nearly every life: it may never get going again
+                return math.inf, lost, restarts
         if wall > max_wall_s:
             return math.inf, lost, restarts
     return wall, lost, restarts
@@ -205,10 +210,14 @@ def simulate_interval(plan: RunPlan, model: PreemptionModel, interval_steps: int
     rng = np.random.default_rng(seed)
     interval_s = interval_steps * plan.step_s
     walls, losts, restarts = np.empty(trials), np.empty(trials), np.empty(trials)
-    max_wall = MAX_WALL_FACTOR * (plan.work_s + plan.saves(interval_steps) * plan.save_s) + 100 * plan.restart_s
+    max_wall = max_wall_s(plan, interval_steps)
     for i in range(trials):
         walls[i], losts[i], restarts[i] = one_run(plan.work_s, interval_s, plan.save_s, plan.restart_s,
                                                   lambda: model.draw(rng), max_wall)
+        if not math.isfinite(walls[i]):  # one trial that never finishes makes the interval's mean infinite
+            walls, losts, restarts = walls[: i + 1], losts[: i + 1], restarts[: i + 1]
+            break
+    trials = len(walls)
     finite = bool(np.isfinite(walls).all())
     wall = float(walls.mean()) if finite else math.inf
     daly = None
@@ -220,6 +229,23 @@ def simulate_interval(plan: RunPlan, model: PreemptionModel, interval_steps: int
         wall_p90_s=float(np.quantile(walls, 0.9)) if finite else math.inf,
         lost_s=float(losts.mean()), restarts=float(restarts.mean()),
         usd=wall / 3600.0 * plan.spot_usd_per_hour, daly_wall_s=daly)
+
+
+def max_wall_s(plan: RunPlan, interval_steps: int) -> float:
+    """The wall time after which a trial at this interval is taken never to finish."""
+    return MAX_WALL_FACTOR * (plan.work_s + plan.saves(interval_steps) * plan.save_s) + 100 * plan.restart_s
+
+
+def lives_needed(plan: RunPlan, mean_between_s: float, intervals: list[int], trials: int) -> float:
+    """About how many instance lives the simulation draws (a life lasts mean_between_s on average): per interval,
+    its trials to Daly's expected wall time when that is within max_wall_s, else one trial to max_wall_s (the first
+    trial that never finishes ends the interval)."""
+    total = 0.0
+    for n in intervals:
+        cap = max_wall_s(plan, n)
+        expected = daly_expected_wall_s(plan.work_s, n * plan.step_s, plan.save_s, plan.restart_s, mean_between_s)
+        total += (trials * expected if expected < cap else cap) / mean_between_s
+    return total
 
 
 def candidate_intervals(plan: RunPlan, mean_between_s: float, extra: tuple[int, ...] = ()) -> tuple[int, list[int]]:
@@ -236,11 +262,20 @@ def simulate(plan: RunPlan, model: PreemptionModel, trials: int = 2000, seed: in
     if plan.total_steps < 1 or plan.step_s <= 0 or plan.save_s < 0 or plan.restart_s < 0 or trials < 2:
         raise ValueError("a plan needs steps >= 1, step time > 0, save and restart times >= 0 and >= 2 trials")
     daly_steps, grid = candidate_intervals(plan, model.mean_s, extra)
+    if isinstance(model, Exponential) and all(
+            daly_expected_wall_s(plan.work_s, n * plan.step_s, plan.save_s, plan.restart_s, model.mean_s)
+            >= max_wall_s(plan, n) for n in grid):  # Daly's closed form already says so: no need to draw it
+        raise ValueError(NO_INTERVAL_FINISHES)
+    lives = lives_needed(plan, model.mean_s, grid, trials)
+    if lives > MAX_LIVES:
+        raise ValueError(f"simulating {trials} trials of this run would draw ~{lives:.2g} instance lives, more than "
+                         f"the {MAX_LIVES:.0e} it draws in about a minute (its work is ~{plan.work_s / model.mean_s:.3g}"
+                         f" and its restart {plan.restart_s / model.mean_s:.3g} times the mean time between "
+                         "preemptions; fewer --trials may fit)")
     results = tuple(simulate_interval(plan, model, n, trials, seed) for n in grid)
     finishing = [r for r in results if r.finishes]
     if not finishing:
-        raise ValueError("no interval finishes the run: preemptions come faster than a checkpoint can be saved "
-                         "and the run restarted")
+        raise ValueError(NO_INTERVAL_FINISHES)
     chosen = min(finishing, key=lambda r: (r.usd, r.interval_steps))
     od_wall = plan.work_s + plan.saves(chosen.interval_steps) * plan.save_s
     return Simulation(plan, model.describe(), model.mean_s, trials, seed, results, od_wall,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from thrifty.config import ConfigError, RunConfig
+from thrifty.config.base import MAX_FLOAT, MAX_INT
 from thrifty.spot.preemption import (
     MtbpChoice,
     choose_mtbp,
@@ -48,8 +49,9 @@ def measured(records: list[dict[str, Any]]) -> Measured:
 def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
     if value is None:
         return
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name} must be a finite number {'>= 0' if allow_zero else '> 0'}, not {value!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero) or value > MAX_FLOAT:
+        raise ConfigError(f"{name} must be a finite number {'>= 0' if allow_zero else '> 0'} and at most "
+                          f"{MAX_FLOAT:.0e} s, not {value!r}")
 
 
 def _instance(spec: str, nodes: int) -> tuple[str, str, float, float, str]:
@@ -102,8 +104,8 @@ def build(args: Any, cfg: RunConfig) -> tuple[RunPlan, PreemptionModel, tuple[st
         _positive(f"--{name.replace('_', '-')}", getattr(args, name))
     for name in ("save_s", "restart_s"):
         _positive(f"--{name.replace('_', '-')}", getattr(args, name), allow_zero=True)
-    if args.steps is not None and args.steps < 1:
-        raise ConfigError(f"--steps must be >= 1, not {args.steps}")
+    if args.steps is not None and not 1 <= args.steps <= MAX_INT:
+        raise ConfigError(f"--steps must be between 1 and {MAX_INT}, not {args.steps}")
     if not 2 <= args.trials <= 1_000_000:
         raise ConfigError(f"--trials must be between 2 and 1000000, not {args.trials}")
     if any(e < 1 for e in args.every or ()):

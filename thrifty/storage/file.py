@@ -38,6 +38,22 @@ class FileStore:
         self.root = Path(root).expanduser().resolve()
         self.uri = f"file://{self.root}"
         self._archive = self.root / FILE_ARCHIVE_AREA
+        self._check_root()
+
+    def _check_root(self) -> None:
+        """A root that can never be a directory of files is refused when the store is opened, before anything is
+        written: a file (/dev/null), a place under a file, or the kernel's own file systems (/proc, /sys)."""
+        if self.root.parts[1:2] in (("proc",), ("sys",)):
+            raise StoreError(f"store {self.uri!r} cannot be used: it is inside /{self.root.parts[1]}, a kernel file "
+                             "system that holds no files of ours; pick another 'store' (a directory)")
+        try:
+            existing = next(p for p in (self.root, *self.root.parents) if os.path.lexists(p))
+            is_dir = existing.is_dir()
+        except OSError as exc:
+            raise StoreError(f"store {self.uri!r} cannot be used ({exc.strerror}); pick another 'store'") from None
+        if not is_dir:
+            raise StoreError(f"store {self.uri!r} cannot be created: {existing} is not a directory; pick another "
+                             "'store' (a directory)")
 
     def _path(self, key: str) -> Path:
         key = _clean_key(key)
@@ -103,6 +119,8 @@ class FileStore:
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         prefix = prefix.lstrip("/")
+        if ".." in prefix.split("/"):  # keys never hold '..': a prefix with it could only list outside the store
+            raise StoreError(f"store {self.uri!r}: invalid prefix {prefix[:200]!r} ('..' is not part of any key)")
         found: dict[str, ObjectInfo] = {}
         for area, storage_class in ((self._archive, FILE_ARCHIVE_CLASS), (self.root, "STANDARD")):
             for key, st in self._walk(area, prefix):

@@ -9,10 +9,14 @@ stops the command before anything is written, naming it.
 
 from __future__ import annotations
 
+import importlib.util
+import keyword
 import re
+import sys
 from pathlib import Path
 
 from thrifty.config import ConfigError
+from thrifty.config.echo import shown
 
 RECIPE_MODULE = '''\
 """{name}: your own model on Thrifty. Start from this file; `thrifty smoke --config {name}.yaml` checks it on CPU.
@@ -101,6 +105,8 @@ def step(model: torch.nn.Module, batch: dict[str, torch.Tensor], mode: str) -> S
     return StepOutput(loss=loss, count=len(batch["y"]), sums={"correct": float(correct)})
 
 
+# `-> Recipe` declares this function the recipe `recipe: {name}.recipe:recipe` names: Thrifty reads it before
+# importing this module and calls no function that is not declared so.
 def recipe() -> Recipe:
     return Recipe(
         name="{name}",
@@ -243,7 +249,7 @@ def test_{name}_smoke(tmp_path: Path) -> None:
 
 def new_script(name: str, where: Path) -> list[Path]:
     """Write ``<where>/<name>/train.py``, ``<where>/<name>.yaml`` and ``<where>/tests/test_<name>.py``."""
-    _check_name(name)
+    _check_name(name, where)
     test_path = Path("tests") / f"test_{name}.py"
     return _write(where, {
         Path(name) / "train.py": _fill(SCRIPT, name=name),
@@ -252,15 +258,36 @@ def new_script(name: str, where: Path) -> list[Path]:
     })
 
 
-def _check_name(name: str) -> None:
-    if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
-        raise ConfigError(f"name {name!r} must be a Python package name: lower-case letters, digits and '_', "
-                          "not starting with a digit (e.g. 'my_model')")
+OURS = {"thrifty", "training", "tasks", "flows", "deployments", "tests", "examples", "bench"}  # this project's own
+
+
+def _installed_elsewhere(name: str, where: Path) -> bool:
+    """A module ``name`` is importable from somewhere else than ``where`` (where a package of that name is the user's
+    own, which the existing-file check covers)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        return False
+    places = [Path(p) for p in (spec.submodule_search_locations or [])] or [Path(spec.origin or "")]
+    return not all(p.resolve().is_relative_to(where.resolve()) for p in places)
+
+
+def _check_name(name: str, where: Path) -> None:
+    """A name that makes an importable package of its own (and a valid run_name, ``NAME-v1``), or a ConfigError."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,59}", name):
+        raise ConfigError(f"name {shown(name)} must be a Python package name: 1-60 lower-case letters, digits and "
+                          "'_', starting with a letter (e.g. 'my_model')")
+    why = ("a Python keyword" if keyword.iskeyword(name) else
+           "a module of Python's standard library" if name in sys.stdlib_module_names else
+           "a package of this project" if name in OURS else
+           "an installed package" if _installed_elsewhere(name, where) else None)
+    if why:
+        raise ConfigError(f"name {name!r} is {why}: a package of that name could not be imported as yours (or would "
+                          f"hide it); pick another, e.g. 'my_{name}'")
 
 
 def new_recipe(name: str, where: Path) -> list[Path]:
     """Write the package ``<where>/<name>/``, ``<where>/<name>.yaml`` and ``<where>/tests/test_<name>.py``."""
-    _check_name(name)
+    _check_name(name, where)
     test_path = Path("tests") / f"test_{name}.py"
     files = {
         Path(name) / "__init__.py": f'"""{name}: a Thrifty recipe package."""\n',
@@ -281,10 +308,15 @@ def _write(where: Path, files: dict[Path, str]) -> list[Path]:
     existing = [str(where / p) for p in files if (where / p).exists()]
     if existing:
         raise ConfigError(f"not writing over existing file(s): {', '.join(existing)}; pick another name or directory")
-    written = []
-    for rel, text in files.items():
-        path = where / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        written.append(path)
+    written: list[Path] = []
+    try:
+        for rel, text in files.items():
+            path = where / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            written.append(path)
+    except OSError as exc:  # a --dir that is a file or read-only: take back what was written, say why
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write {shown(str(where / rel))} ({exc.strerror}); pick a writable --dir") from None
     return written

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from thrifty.config import ConfigError, RunConfig
 from thrifty.storage import atomic_write_bytes
+from thrifty.usercode.allow import check_command_allowed, check_recipe_allowed
 
 SCRIPT_RECIPE = "script"  # the built-in recipe name that selects script mode
 ENV_STATUS = "THRIFTY_SESSION_STATUS"  # where the session writes its SessionStatus (the wrapper reads it)
@@ -86,7 +87,9 @@ def script_params(cfg: RunConfig) -> ScriptParams:
 def check_script(cfg: RunConfig, cwd: Path | None = None) -> ScriptParams:
     """Everything about the command that can be known before it runs: its options, the executable, the script
     file or module, and that a cloud node will find it. Raises ConfigError saying what to change."""
+    check_recipe_allowed(SCRIPT_RECIPE)
     params = script_params(cfg)
+    check_command_allowed(params.command, params.env)  # a deployed pool's allow-list, before anything of it runs
     cwd = Path.cwd() if cwd is None else cwd
     argv = params.argv()
     exe = argv[0]

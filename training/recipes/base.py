@@ -1,7 +1,7 @@
 """The recipe interface: raw data -> arrays, arrays -> model, batch -> loss and metrics.
 
 A recipe is a plain object. Users plug in their own as ``package.module:function`` where the
-function returns a :class:`Recipe`. Only six things are required (name, params, fingerprint,
+function is declared to return a :class:`Recipe` (``def recipe() -> Recipe:``): nothing else is called. Only six things are required (name, params, fingerprint,
 preprocess, model, step); everything else has a default that the two built-ins use:
 
 - ``preprocess(params)`` returns a :class:`Dataset`: per split, named numpy arrays of equal
@@ -50,6 +50,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from thrifty.config import ConfigError
+from thrifty.config.echo import shown
+from thrifty.usercode.allow import check_recipe_allowed
+from thrifty.usercode.recipe_spec import HOW, check_recipe_spec
 
 if TYPE_CHECKING:
     from thrifty.config.sections import TrainConfig
@@ -339,18 +342,24 @@ BUILTIN = {"digits": "training.recipes.digits:recipe", "codelm": "training.recip
 
 
 def resolve_recipe(spec: str) -> Recipe:
-    """A built-in name or 'package.module:function' -> Recipe, with a clear error otherwise."""
+    """A built-in name or 'package.module:function' -> Recipe, with a clear error otherwise.
+
+    Nothing is called that is not a recipe factory: the worker's allow-list (``$THRIFTY_ALLOWED_RECIPES``) first,
+    then the module's source must declare ``def function() -> Recipe`` before the module is imported
+    (``thrifty.usercode.recipe_spec``), and the function object must be that declared factory before it is called.
+    """
+    check_recipe_allowed(spec)
     target = BUILTIN.get(spec, spec)
     if ":" not in target:
         raise ConfigError(
-            f"'recipe': unknown recipe {spec!r}. Use one of {', '.join(sorted(BUILTIN))} "
+            f"'recipe': unknown recipe {shown(spec)}. Use one of {', '.join(sorted(BUILTIN))} "
             "or 'package.module:function' for your own."
         )
-    module_name, func_name = target.split(":", 1)
     # like `python -m`, the current directory is importable: a recipe package beside the config just works, here,
     # under the local launcher and on a SkyPilot node (whose current directory is the synced compute.workdir)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())
+    module_name, func_name = check_recipe_spec(target)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -360,21 +369,34 @@ def resolve_recipe(spec: str) -> Recipe:
             "whose current directory is compute.workdir), check that its package is installed (pip install -e .), or "
             "add its parent directory to PYTHONPATH."
         ) from None
-    except Exception as exc:  # the module itself is broken: say where, not a traceback
+    except (Exception, SystemExit) as exc:  # the module itself is broken: say where, not a traceback
         raise ConfigError(f"'recipe': importing module {module_name!r} for recipe {spec!r} failed: "
                           f"{type(exc).__name__}: {exc}") from None
-    factory = getattr(module, func_name, None)
-    if factory is None:
-        raise ConfigError(f"'recipe': module {module_name!r} has no function {func_name!r}.")
-    if callable(factory) and not isinstance(factory, Recipe):
-        try:
-            recipe = factory()
-        except Exception as exc:
-            raise ConfigError(
-                f"'recipe': calling {spec!r} failed ({type(exc).__name__}: {exc}); a recipe is a function that "
-                "takes no arguments and returns a training.recipes.Recipe") from None
-    else:
-        recipe = factory
+    factory = vars(module).get(func_name)
+    if not (inspect.isfunction(factory) and _returns_recipe(factory) and _no_required_args(factory)):
+        raise ConfigError(f"'recipe': {spec!r} is not a recipe once imported ({type(factory).__name__}); {HOW}.")
+    try:
+        recipe = factory()
+    except (Exception, SystemExit) as exc:
+        raise ConfigError(
+            f"'recipe': calling {spec!r} failed ({type(exc).__name__}: {exc}); a recipe is a function that "
+            "takes no arguments and returns a training.recipes.Recipe") from None
     if not isinstance(recipe, Recipe):
         raise ConfigError(f"'recipe': {spec!r} returned {type(recipe).__name__}, not a training.recipes.Recipe.")
     return recipe
+
+
+def _returns_recipe(func: types.FunctionType) -> bool:
+    """The function's return annotation is Recipe (or a subclass), as an object or as a name in its module."""
+    ann = func.__annotations__.get("return")
+    if isinstance(ann, str):
+        parts = ann.strip("'\"").split(".")
+        ann = func.__globals__.get(parts[0])
+        for part in parts[1:]:
+            ann = getattr(ann, part, None) if isinstance(ann, types.ModuleType) else None
+    return isinstance(ann, type) and issubclass(ann, Recipe)
+
+
+def _no_required_args(func: types.FunctionType) -> bool:
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               for p in inspect.signature(func).parameters.values())
