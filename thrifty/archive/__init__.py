@@ -12,8 +12,8 @@ a reader sees it complete and hot, or archived, never torn. Each move is one sto
 of one object, and objects already cold are skipped, so a run killed half-way and started again
 finishes the job without moving anything twice.
 
-``plan`` (settings, marks, the pure planner), ``store`` (scan, move, restore), ``commands`` (the CLI's marks, restore and lifecycle), ``report`` (dollars
-and markdown), ``lifecycle`` (the providers' age-only bucket rules).
+``plan`` (settings, marks, the pure planner), ``store`` (scan, move, restore), ``commands`` (the CLI's marks,
+restore and lifecycle), ``report`` (dollars and markdown), ``lifecycle`` (the providers' age-only bucket rules).
 """
 
 from thrifty.archive.lifecycle import (DATA_SUFFIXES, LARGE_OBJECT_BYTES, LIFECYCLE_CAVEAT, install_lifecycle,
