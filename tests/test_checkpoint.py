@@ -17,6 +17,7 @@ from conftest import PYTHON, python_env
 from thrifty.config import ConfigError, build_config
 from thrifty.storage import FileStore
 from training.checkpoint import CheckpointManager, daly_interval_s
+from training.recipes import Recipe
 
 RUN = "ckpt-test"
 
@@ -276,7 +277,7 @@ def test_restart_with_changed_model_raises_incompatible_checkpoint(tmp_path):
     assert after == before
 
 
-def other_digits():
+def other_digits() -> Recipe:
     """A recipe plug-in for the next test: digits under another name."""
     from training.recipes.digits import recipe
 

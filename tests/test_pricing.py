@@ -110,3 +110,23 @@ def test_prices_command_uses_the_catalog_when_present(sky_catalog, capsys):
     assert thrifty_main(["prices", "-a", "A10G:1", "--cloud", "aws"]) == 0
     out = capsys.readouterr().out
     assert "g5.2xlarge" in out and "SkyPilot catalog" in out
+
+
+def test_calls_into_skypilot_leave_tracebacks_as_they_were():
+    """SkyPilot's print_exception_no_traceback sets sys.tracebacklimit = 0 without a finally: an error passing
+    through it would strip every later traceback of the flow process."""
+    import sys
+
+    from sky.utils import ux_utils
+
+    from thrifty.money.prices.skypilot import sky_calls
+
+    @sky_calls()
+    def fails_inside_skypilot():
+        with ux_utils.print_exception_no_traceback():
+            raise ValueError("no such offer")
+
+    assert not hasattr(sys, "tracebacklimit")
+    with pytest.raises(ValueError):
+        fails_inside_skypilot()
+    assert not hasattr(sys, "tracebacklimit"), "the limit SkyPilot set is undone"

@@ -64,3 +64,14 @@ def test_a_stopped_session_status_carries_the_exit_code_the_wrapper_uses():
     assert job_exit_code(1, SessionStatus(closed=True, ended="crashed", step=13), forwarded=False)[0] == 1
     assert job_exit_code(1, SessionStatus(closed=True, ended="bad_input", exit_code=EXIT_BAD_INPUT,
                                           message="m"), forwarded=False) == (EXIT_BAD_INPUT, "m")
+
+
+def test_a_load_error_is_told_apart_even_when_a_library_left_tracebacks_off(monkeypatch):
+    """SkyPilot leaves ``sys.tracebacklimit = 0`` after an exception passes its print_exception_no_traceback."""
+    import sys
+
+    monkeypatch.setattr(sys, "tracebacklimit", 0, raising=False)
+    try:
+        torch.nn.Linear(4, 2).load_state_dict({"weight": torch.zeros(3, 4), "bias": torch.zeros(2)})
+    except RuntimeError as exc:
+        assert load_failure(exc) is not None

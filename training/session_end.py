@@ -105,8 +105,9 @@ def load_failure(exc: BaseException) -> str | None:
     in its traceback), or None."""
     if isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return None
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not any(f.name == "load_state_dict" for f in frames):
+    # walk_tb, not extract_tb: extract_tb honours sys.tracebacklimit, which a library may leave at 0 (SkyPilot's
+    # print_exception_no_traceback does when an exception passes through it)
+    if not any(frame.f_code.co_name == "load_state_dict" for frame, _ in traceback.walk_tb(exc.__traceback__)):
         return None
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
     return " ".join(lines[:3])[:600] or type(exc).__name__

@@ -19,6 +19,7 @@ from thrifty.launchers.skypilot.task import build_task, ranked_candidates, task_
 from thrifty.money.pricing import PricingError
 from thrifty.money.prices import LivePrices, PriceKey, quote_accelerator
 from thrifty.money.prices.repricing import change_from
+from thrifty.money.prices.skypilot import sky_calls
 from thrifty.money.ledger import Attempt
 from thrifty.protocol import SKYPILOT_JOB_PREFIX, STOP_KEY, STOPPED_KEY
 
@@ -45,6 +46,7 @@ class SkyPilotLauncher:
         self._live: LivePrices | None = None
 
     # ------------------------------------------------------------ submit
+    @sky_calls()
     def submit(self, cfg: RunConfig, env: dict[str, str] | None = None, estimate: Estimate | None = None) -> str:
         import sky
 
@@ -73,6 +75,7 @@ class SkyPilotLauncher:
         return job_id
 
     # ------------------------------------------------------------ status
+    @sky_calls()
     def _record(self, job_id: str) -> Any:
         import sky
 
@@ -194,6 +197,7 @@ class SkyPilotLauncher:
         return self.status(job_id).attempts
 
     # ------------------------------------------------------------ cancel
+    @sky_calls()
     def cancel(self, job_id: str, deadline_s: float | None = None) -> None:
         """Checkpoint first, then tear down.
 

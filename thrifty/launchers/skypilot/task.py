@@ -25,6 +25,7 @@ import yaml
 
 from thrifty.config import ConfigError, RunConfig
 from thrifty.launchers.base import node_env
+from thrifty.money.prices.skypilot import sky_calls
 from thrifty.launchers.skypilot.candidates import Candidate, candidates
 from thrifty.launchers.skypilot.ranking import Ranking, rank
 from thrifty.money.meter import Price
@@ -186,6 +187,7 @@ def task_yaml(config: dict[str, Any]) -> str:
     return yaml.dump(shown, Dumper=_Dumper, sort_keys=False, width=1000)
 
 
+@sky_calls()
 def build_task(config: dict[str, Any]):
     """A real ``sky.Task``, parsed by SkyPilot's own YAML loader (offline; validates the schema)."""
     import sky

@@ -7,10 +7,13 @@ does. GCP bills a GPU apart from its host VM, so a GCP price is the host's plus 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 from thrifty.money.prices.base import PriceKey, PricePoint, PriceSourceError
 from thrifty.money.pricing import InstancePrice, parse_accelerator
@@ -30,6 +33,21 @@ def catalog_file(cloud: str) -> Path | None:
 
 def catalog_date(path: Path) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(os.path.getmtime(path)))
+
+
+@contextlib.contextmanager
+def sky_calls() -> Iterator[None]:
+    """Around calls into SkyPilot: its ``print_exception_no_traceback`` sets ``sys.tracebacklimit = 0`` and leaves it
+    so when an exception passes through (no ``finally``), which would strip every later traceback of this process."""
+    before = getattr(sys, "tracebacklimit", None)
+    try:
+        yield
+    finally:
+        if before is None:
+            if hasattr(sys, "tracebacklimit"):
+                del sys.tracebacklimit
+        else:
+            sys.tracebacklimit = before
 
 
 def _catalog():
@@ -66,6 +84,7 @@ class SkyCatalogPrices:
     name = "skypilot-catalog"
     endpoint = "~/.sky/catalogs"
 
+    @sky_calls()
     def lookup(self, key: PriceKey, now: float) -> PricePoint | None:
         path = catalog_file(key.cloud)
         if path is None:
@@ -117,6 +136,7 @@ def _cheapest_region(cloud: str, host: str, gpu: tuple[str, int] | None, spot: b
     return best
 
 
+@sky_calls()
 def catalog_offers(cloud: str, accelerator: str) -> list[InstancePrice]:
     """Instances of ``cloud`` carrying exactly ``accelerator`` in SkyPilot's catalog, each at its cheapest region,
     cheapest on-demand first; [] when the catalog file is not on this machine."""
@@ -148,6 +168,7 @@ def catalog_offers(cloud: str, accelerator: str) -> list[InstancePrice]:
     return sorted(out, key=lambda r: r.on_demand_usd_per_hour)
 
 
+@sky_calls()
 def catalog_accelerator(cloud: str, instance: str) -> str | None:
     """NAME:COUNT the instance carries in SkyPilot's catalog; None when not there (or no catalog here)."""
     if catalog_file(cloud) is None:
