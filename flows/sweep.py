@@ -18,6 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Failed, State
 
+from flows.hooks import post_sweep_end
 from flows.train_pipeline import StepFailed, outcome_of, step, train_trial
 from tasks.budget import estimate_for
 from tasks.launch import request_stop
@@ -32,7 +33,7 @@ from thrifty.money.ledger import read_meters
 from thrifty.launchers.preflight import check_before_spending
 from thrifty.results import PrepResult, SmokeResult
 from thrifty.storage import Store, open_store
-from thrifty.sweep import (Need, SweepConfig, SweepState, TrialState, best_trial, load_state, measured_per_epoch,
+from thrifty.sweep import (Need, SweepConfig, SweepState, TrialState, best_trial, leader, load_state, measured_per_epoch,
                            need_for, next_job, observe, refusal, save_state, settle)
 from thrifty.sweep.report import SweepResult
 from training.validate import check_config
@@ -50,7 +51,8 @@ def sweep_run_name() -> str:
     return f"sweep-{name or 'digits-sweep'}"
 
 
-@flow(name="thrifty-sweep", flow_run_name=sweep_run_name, log_prints=True)
+@flow(name="thrifty-sweep", flow_run_name=sweep_run_name, log_prints=True, on_completion=[post_sweep_end],
+      on_failure=[post_sweep_end], on_crashed=[post_sweep_end], on_cancellation=[post_sweep_end])
 def sweep(config: SweepConfig = SweepConfig(), poll_s: float = 1.0) -> SweepResult:
     """Search RunConfig fields by successive halving without spending past the caps: dollars, GPU-hours, wall
     clock, trials. Each trial is a thrifty-train child flow run; the best trial's weights are marked gold.
@@ -178,8 +180,12 @@ def search(config: SweepConfig, poll_s: float) -> SweepResult:
         state.ended = True
         gold = mark_gold(store, config, best) if best else None
         if best:
-            s.decide(f"best: {best.run_name} {best.values} {config.rank_metric}={best.score(best.reached):.5f} "
-                     f"at epoch {best.reached}; gold: {gold or 'no checkpoint'}")
+            s.decide(f"best: {best.run_name} {best.values} {config.rank_metric}={best.ranking_value():.5f} "
+                     f"(trained to its end, epoch {best.reached}); gold: {gold or 'no checkpoint'}")
+        elif (ahead := leader(state.trials, config.rank_mode)) is not None:
+            s.decide(f"no best: no trial trained to its end; {ahead.run_name} {ahead.values} leads at epoch "
+                     f"{ahead.reached} ({config.rank_metric}={ahead.ranking_value():.5f}). Start the search again "
+                     "with larger caps to train it on", warn=True)
         s.save()
         return sweep_report(config, state, gold)
     finally:
@@ -250,7 +256,7 @@ def settled(s: Search, t: TrialState, target: int, future: Future) -> None:
     t.status, t.cap_usd, t.cap_gpu_hours = "paused", None, None
     observe(s.store, s.config, t)
     if t.status == "finished":
-        s.decide(f"{t.run_name}: finished, {s.config.rank_metric}={t.score(t.reached)} ({t.note}); "
+        s.decide(f"{t.run_name}: finished, {s.config.rank_metric}={t.ranking_value()} ({t.note}); "
                  f"${t.spent_usd:.5f} in all")
     elif t.reached >= target:
         t.target, t.cap_stops = None, 0

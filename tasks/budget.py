@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from prefect import get_run_logger, task
+from prefect.states import Failed
 
 from tasks.errors import fails_quietly
 from thrifty.runs import checkpoints
 from thrifty.money.budget import spend_usd, stop_reserve_s, world_size
 from thrifty.config import ConfigError, RunConfig
-from thrifty.money.estimate import Estimate, estimate_run, gate
+from thrifty.report import ends
+from thrifty.money.estimate import Estimate, estimate_run, gate, smallest_budget_usd
 from thrifty.money.ledger import read_attempts
 from thrifty.money.pricing import quote_emulated
 from thrifty.results import PrepResult, SmokeResult
@@ -67,5 +69,11 @@ def budget_gate(config: RunConfig, prep: PrepResult, smoke: SmokeResult, poll_s:
                 "$%.5f spent by earlier jobs of this run", estimate.usd, estimate.steps, estimate.hours,
                 estimate.usd_per_hour, estimate.assumption, reserve, spent)
     b = config.budget
+    smallest, why = smallest_budget_usd(estimate, reserve, config.train.checkpoint_every, spent)
+    if spent > 0 and b.max_usd < smallest:  # what the run spent took its budget (a Retry of a run its cap stopped)
+        saved = checkpoints.committed(open_store(config.store), config.run_name)
+        return Failed(name=ends.STATE["budget"], message=ends.sentence(  # type: ignore[return-value]
+            "budget", config.run_name, spent, b.max_usd, f"what is left cannot buy a checkpoint more (it needs "
+            f"${smallest:.5f}: {why}); nothing was launched", saved[-1].step if saved else None))
     gate(estimate, b.max_usd, b.allow_over_budget, reserve, config.train.checkpoint_every, spent)
     return estimate

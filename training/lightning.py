@@ -4,7 +4,8 @@
 
 It resumes the fit from the run's newest complete checkpoint (Lightning's own restore code reads
 it, as it would from ``ckpt_path``), saves Lightning's full checkpoint through the session on the
-run's cadence (``train.checkpoint_every``), logs the training loss and ``val*`` metrics, and on a
+run's cadence (``train.checkpoint_every``) and after a validation that is a new best (so the best metric's
+weights exist), logs the training loss and ``val*`` metrics, and on a
 stop request (spot notice, budget cap, early stopping, step limit) saves at once and stops the
 Trainer after the step it finished: no step is lost. Needs the ``lightning`` extra.
 """
@@ -74,6 +75,8 @@ class ThriftyCallback(pl.Callback):
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val")}
         if metrics:
             self.session.log(trainer.global_step, **metrics)
+            if self.session.should_save(trainer.global_step):  # a new best: the weights it scored are saved now
+                self._save(trainer, trainer.global_step)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._saved_step != trainer.global_step:

@@ -30,13 +30,13 @@ from thrifty.launchers.identity import identify
 from thrifty.money.meter import NodeMeter
 from thrifty.spot.preemption import config_mtbp, node_mtbp
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED
-from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
+from thrifty.runs import RunSummary, run_key, write_summary
 from thrifty.usercode.script import ENV_STATUS, ENV_STEP_LIMIT, SessionStatus, is_script, script_params
 from thrifty.storage import open_store
 from training.checkpoint import CheckpointManager
 from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation
-from training.early_stopping import EarlyStopping
+from training.early_stopping import EarlyStopping, best_metric, best_metric_at
 from training.loop import check_compatible, one_trainer
 from training.progress import CheckpointSchedule, MetricsWriter
 from training.runtime import Dist, StopSignal, rng_state, seed_everything, set_rng_state, state_sha256
@@ -85,7 +85,8 @@ class Session:
         self.base_train_time_s = 0.0
         self.weights_sha256 = ""
         self.last_eval: dict[str, float] = {}
-        self._metric: tuple[int, float] | None = None  # (step, value) of the early-stopping metric last logged
+        self._best_unsaved: int | None = None  # the step of a new best logged but not yet saved: should_save says so
+        self._saved_step: int | None = None  # the step of the last save asked for
         self._t0 = time.perf_counter()
         self._last_log: tuple[int, float] | None = None
         self._window: dict[str, list[float]] = {}
@@ -130,6 +131,7 @@ class Session:
                               "thrifty session; use a new run_name")
         check_compatible(self.cfg, json.loads(meta["config"]), self.run_id)
         self.stopper.load_state_dict(meta["early_stopping"])
+        self.ckpts.best_step = self.stopper.best_step
         set_rng_state(meta["rng"])
         self.step = info.step
         self.resumes = int(meta["resumes"]) + 1
@@ -156,7 +158,11 @@ class Session:
         self.step = max(self.step, step)
         if not self.is_main:
             return
-        metric = self._metric[1] if self._metric and self._metric[0] == step else None
+        metric = best_metric_at(self.stopper, step)  # the COMMIT names the best those weights scored, if they did
+        self._saved_step = step
+        for_best_only = self._best_unsaved == step and not self.schedule.due(step)
+        if self._best_unsaved is not None and step >= self._best_unsaved:
+            self._best_unsaved = None
         meta = {"step": step, "rng": rng_state(), "early_stopping": self.stopper.state_dict(),
                 "resumes": self.resumes, "checkpoints_written": self.checkpoints_written + 1,
                 "checkpoint_time_s": self.checkpoint_time_s, "train_time_s": self._train_time_s(),
@@ -166,7 +172,8 @@ class Session:
         def hash_weights(snap: dict[str, Any]) -> None:  # on the writer: hashing every weight is not the step's work
             snap["thrifty"]["weights_sha256"] = self._shas[step] = state_sha256(snap["state"])
         self.checkpoints_written += 1
-        self.schedule.follow(step, self.schedule.interval)  # the next one is due an interval from this snapshot
+        if not for_best_only:  # a best's save leaves the cadence as it was
+            self.schedule.follow(step, self.schedule.interval)  # the next one is due an interval from this snapshot
         self._report(self.writer.save({"state": state, "thrifty": meta}, step, metric, prepare=hash_weights,
                                       wait=self.stop_reason is not None or self.stop.signum is not None))
 
@@ -187,8 +194,9 @@ class Session:
         self._report(self.writer.poll(max(self.step, step or 0)) if self.writer.in_flight else [])
 
     def should_save(self, step: int) -> bool:
-        """Whether ``step`` is due for a checkpoint: every ``train.checkpoint_every`` steps, or Young/Daly (auto)."""
-        return self.schedule.due(int(step))
+        """Whether ``step`` is due for a checkpoint: every ``train.checkpoint_every`` steps, or Young/Daly (auto), and
+        at a step whose logged evaluation was a new best (those weights are the run's best: they must exist)."""
+        return self.schedule.due(int(step)) or self._best_unsaved == int(step)
 
     # ------------------------------------------------------------------ stopping
     def should_stop(self) -> bool:
@@ -260,8 +268,11 @@ class Session:
             es = self.cfg.train.early_stopping
             best = None
             if es.metric in evals:
-                self._metric = (step, evals[es.metric])
                 best = self.stopper.update(evals[es.metric], step)
+                if best:
+                    self.ckpts.best_step = step
+                    if self._saved_step != step:  # a script that saved before it evaluated: those weights are saved
+                        self._best_unsaved = step
             self._emit({"event": "eval", "step": step, **evals, **({"best": best} if best is not None else {})})
         if self.step_limit is not None or self.status.logs == 1:
             self._write_status()
@@ -362,13 +373,15 @@ class Session:
 
     def _write_summary(self, ended: str) -> None:
         es = self.cfg.train.early_stopping
-        best_ckpt = self.ckpts.best(self.ckpts.committed())
+        best = best_metric(es.metric, self.stopper, self.ckpts.committed())
+        if best.step is not None and best.checkpoint_step is None:
+            log.warning("session: the best %s (step %d) was not saved: the script did not call sess.save when "
+                        "sess.should_save(step) said so; no checkpoint holds the best weights", es.metric, best.step)
         wall = self._train_time_s()
         summary = RunSummary(
             run_id=self.run_id, recipe=self.cfg.recipe, status=ended, steps=self.step,
             total_steps=self.total_steps or self.step, epochs=0.0, stopped_early=ended == "stopped_early",
-            best_metric=BestMetric(name=es.metric, value=self.stopper.best, step=self.stopper.best_step,
-                                   checkpoint_step=best_ckpt.step if best_ckpt else None),
+            best_metric=best,
             final_metrics=self.last_eval, wall_time_s=round(wall, 3), data_wait_fraction=0.0,
             checkpoint_time_fraction=round(self.checkpoint_time_s / wall, 5) if wall else 0.0,
             checkpoints_written=self.checkpoints_written, resumes=self.resumes, precision="script",
