@@ -119,7 +119,7 @@ def post_final_cost(flow: Any, flow_run: Any, state: Any) -> None:
     kind = ends.KIND_OF_STATE.get(state.name, "failed")
     if not is_published(flow_run.id) and kind != "completed":  # the flow died before its report: write it now
         try:
-            message = publish(cfg, kind, state.message or "")[0]
+            message = publish(cfg, kind, state.message or "", flow_run_id=flow_run.id)[0]
         except Exception:  # noqa: BLE001 - the end is still said
             log.exception("could not write the report of run %s", cfg.run_name)
             message = final_message(cfg, state.name, state.message)

@@ -11,6 +11,7 @@ started again reruns nothing finished: the store says what each trial reached.
 from __future__ import annotations
 
 import contextvars
+import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -26,7 +27,8 @@ from tasks.errors import BAD_INPUT, USER_ERRORS, bad_input
 from tasks.preprocess import preprocess
 from tasks.smoke import smoke
 from tasks.sweep_report import mark_gold, sweep_report
-from thrifty.runs import lease
+from thrifty.runs import checkpoints, lease
+from thrifty.money.estimate import smallest_budget_usd
 from thrifty.money.budget import gpus_per_node, stop_reserve_s
 from thrifty.config import ConfigError, RunConfig
 from thrifty.money.ledger import read_meters
@@ -106,10 +108,17 @@ class Search:
         prep, smoke_result = self.prepared(t.index)
         cfg = self.config.trial(t.index, stop_at_epoch=target)
         est = estimate_for(cfg, prep, smoke_result)  # from the run's newest checkpoint to the milestone
-        reserve_usd = stop_reserve_s(cfg, self.poll_s) / 3600.0 * est.usd_per_hour
-        usd_epoch, hours_epoch = measured_per_epoch(self.trials)
+        reserve_s = stop_reserve_s(cfg, self.poll_s)
+        reserve_usd = reserve_s / 3600.0 * est.usd_per_hour
+        shape = self.config.shape_key(t.index)  # speeds measured by trials of this model shape only
+        usd_epoch, hours_epoch = measured_per_epoch([x for x in self.trials if self.config.shape_key(x.index) == shape])
+        high = est.high_usd / est.usd if est.usd > 0 and math.isfinite(est.high_usd) else 3.0
+        first, _ = smallest_budget_usd(est, reserve_s, cfg.train.checkpoint_every)
+        first_high = (first - reserve_usd) * high + reserve_usd  # to its first checkpoint, at the range's high end
+        # each time its own cap stopped this milestone's job, the headroom doubles: the estimate was short
         need = need_for(est.usd, est.hours, reserve_usd, gpus_per_node(cfg) * cfg.compute.num_nodes,
-                        self.config.reserve_factor, target - t.reached, usd_epoch, hours_epoch)
+                        self.config.reserve_factor * 2 ** t.cap_stops, target - t.reached, usd_epoch, hours_epoch,
+                        first_high)
         return cfg, need, smoke_result
 
     def stop_at_deadline(self, in_flight: list[TrialState]) -> None:
@@ -266,10 +275,13 @@ def settled(s: Search, t: TrialState, target: int, future: Future) -> None:
         t.note = f"stopped at the search's deadline before epoch {target}; its checkpoint is kept"
         s.decide(f"{t.run_name}: {t.note}", warn=True)
     elif name == "StoppedAtCap" and t.cap_stops < MAX_CAP_STOPS:
-        # the estimate was short (a loaded machine): its checkpoint is kept, and it goes again first with an
-        # allowance from what it measured, if the search's caps can cover that
+        # the estimate was short (a loaded machine): its checkpoint (if any) is kept, and it goes again first with
+        # twice the headroom and what it measured, if the search's caps can cover that
         t.cap_stops += 1
-        t.note = f"its cap stopped it before epoch {target}; relaunched from its checkpoint at the measured speed"
+        saved = checkpoints.committed(s.store, t.run_name)
+        where = (f"from its checkpoint at step {saved[-1].step}" if saved else
+                 "from the start: it had no checkpoint yet")
+        t.note = f"its cap stopped it before epoch {target}; relaunched {where}, with twice the headroom"
         s.decide(f"{t.run_name}: {t.note}", warn=True)
     else:
         t.status, t.target = "failed", None

@@ -10,13 +10,17 @@ from thrifty.runs import checkpoints
 from thrifty.money.budget import spend_usd, stop_reserve_s, world_size
 from thrifty.config import ConfigError, RunConfig
 from thrifty.report import ends
-from thrifty.money.estimate import Estimate, estimate_run, gate, smallest_budget_usd
+from thrifty.money.estimate import AUTO_FIRST_CHECKPOINT_STEPS, Estimate, estimate_run, gate, smallest_budget_usd
+from thrifty.money.history import LOCAL, job_history
 from thrifty.money.ledger import read_attempts
 from thrifty.money.pricing import quote_emulated
 from thrifty.results import PrepResult, SmokeResult
 from thrifty.usercode.script import is_script, script_total_steps
 from thrifty.storage import open_store
 from thrifty.money.throughput import measured_speeds, speed_key, speeds_for
+
+
+SCRIPT_EVAL_ASSUMED = 0.25  # a script's evaluation and checkpoints, per step, until a run of it is measured: assumed
 
 
 def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Estimate:
@@ -34,6 +38,8 @@ def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Est
     done = min(total, saved[-1].step) if saved else 0
     per_example_s = smoke.cpu_step_time_s / smoke.examples_per_step
     examples_per_step = config.train.examples_per_step(world)
+    history = job_history(store, speed_key(config))  # earlier jobs of this model: what a step cost them all in
+    overhead_s, overhead_note = cpu_overhead_per_step(config, prep, smoke, world)
     if c.launcher == "local":
         quote, accelerator, speeds, why = quote_emulated(c.emulate, c.use_spot), None, None, ""
     else:
@@ -44,14 +50,36 @@ def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Est
         ranking = ranked_candidates(config, speeds=speeds, examples=(total - done) * examples_per_step)
         winner = ranking.winner.candidate
         quote, accelerator, why = winner.quote, winner.accelerator, ranking.why()
+    where = LOCAL if accelerator is None else accelerator.partition(":")[0]
     estimate = estimate_run(total - done, per_example_s, examples_per_step, quote.usd_per_hour, c.num_nodes,
-                            accelerator, c.launcher, quote.source, total_steps=total, speeds=speeds, choice=why)
+                            accelerator, c.launcher, quote.source, total_steps=total, speeds=speeds, choice=why,
+                            history=history.get(where), cpu_overhead_s_per_step=overhead_s,
+                            overhead_note=overhead_note)
     if c.launcher == "local" and c.deadline_h is not None and estimate.hours > c.deadline_h:  # this CPU or nothing
         raise ConfigError(f"'compute.deadline_h': the run needs ~{estimate.hours:.2f} h on this machine "
                           f"({estimate.assumption}), over compute.deadline_h {c.deadline_h:g} h. Raise compute.deadline_h, "
                           "train fewer steps (train.max_epochs / train.max_steps), or use compute.launcher=skypilot "
                           "with a faster accelerator; nothing was launched.")
     return estimate
+
+
+def cpu_overhead_per_step(config: RunConfig, prep: PrepResult, smoke: SmokeResult, world: int) -> tuple[float, str]:
+    """Seconds per step, on the smoke test's CPU, of what a job does besides its steps: each evaluation (measured by
+    the smoke test, every epoch or ``train.eval_every`` steps) and each checkpoint (its save, measured: the
+    cadence's and one per evaluation that is a new best, at most). A script's own evaluation is not seen by the
+    smoke test: assumed, and said so."""
+    tc = config.train
+    step_s = smoke.cpu_step_time_s
+    if is_script(config) or not prep.examples:
+        return SCRIPT_EVAL_ASSUMED * step_s, (f"the script's evaluation is not seen by the smoke test: assumed "
+                                              f"+{SCRIPT_EVAL_ASSUMED:.0%} a step until a run of it is measured")
+    per_epoch = tc.steps_per_epoch(prep.examples["train"], world)
+    evals_per_step = 1.0 / (tc.eval_every or per_epoch)
+    saves_per_step = evals_per_step + (1.0 / tc.checkpoint_every if tc.checkpoint_every != "auto"
+                                       else 1.0 / max(per_epoch, AUTO_FIRST_CHECKPOINT_STEPS))
+    per_step = evals_per_step * smoke.cpu_eval_s + saves_per_step * smoke.cpu_save_s
+    return per_step, (f"evaluation ({smoke.cpu_eval_s:.3g} s each on CPU) every {tc.eval_every or per_epoch} steps and "
+                      f"checkpoints ({smoke.cpu_save_s:.3g} s each) measured by the smoke test")
 
 
 @task(name="budget-gate", retries=0)
@@ -65,9 +93,8 @@ def budget_gate(config: RunConfig, prep: PrepResult, smoke: SmokeResult, poll_s:
     logger = get_run_logger()
     if estimate.choice:
         logger.info("hardware by the run's cost: %s", estimate.choice)
-    logger.info("estimated cost $%.5f for %d steps (%.4f h at $%.3f/h): %s; %g s of burn held back to stop in; "
-                "$%.5f spent by earlier jobs of this run", estimate.usd, estimate.steps, estimate.hours,
-                estimate.usd_per_hour, estimate.assumption, reserve, spent)
+    logger.info("estimate %s; %g s of burn held back to stop in ($%.5f); $%.5f spent by earlier jobs of this run",
+                estimate.summary(), reserve, reserve / 3600.0 * estimate.usd_per_hour, spent)
     b = config.budget
     smallest, why = smallest_budget_usd(estimate, reserve, config.train.checkpoint_every, spent)
     if spent > 0 and b.max_usd < smallest:  # what the run spent took its budget (a Retry of a run its cap stopped)

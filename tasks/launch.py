@@ -262,6 +262,7 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
     stopped_at_cap = False
     ended_at: float | None = None  # when the job's records said it reached its end
     steps_pct = 0.0  # what the steps card shows
+    reprojected = False
     margin = stop_margin_s(config)
     def ended() -> bool:  # asked again the moment the cap would stop the job: it may have just finished
         return reached_end(read_metrics(store, run_id, since_unix=since), config.train.stop_at_epoch)
@@ -292,6 +293,11 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
                 continue
             progress = latest_progress(records)
             snap, exceeded = guard.check(earlier + status.attempts, progress, ended)
+            if snap.measured and not reprojected:  # the first look with the job's own speed: said once
+                reprojected = True
+                logger.info("re-projected from this job's own measured steps: $%.5f for the run (the estimate before "
+                            "launch said %s)", snap.projected_usd,
+                            f"${guard.estimate.usd:.5f} for what was left" if guard.estimate else "nothing")
             timer.arm(snap.spend_usd, max(snap.burn_usd_per_hour, planned_burn), config.budget.max_usd)
             step, total = progress.get("step"), progress.get("total_steps")
             shown = (status.state, len(status.attempts), step)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import MarkdownArtifact, TableArtifact, create_markdown_artifact, create_table_artifact
 
 from thrifty.report import chart
 from thrifty.report import ends
@@ -75,7 +76,8 @@ def render_summary(run_id: str, prep: PrepResult | None, smoke: SmokeResult | No
                      + ("saved and resumed" if prep is not None and prep.note else smoke.precision_checked)
                      + f", {smoke.cpu_step_time_s:.4f} s/step"))
     if estimate is not None:
-        rows.append(("estimate before launch", f"${usd(estimate.usd)} (see the assumptions below)"))
+        rows.append(("estimate before launch", f"${usd(estimate.usd)} (range ${usd(estimate.low_usd)}-"
+                     f"${usd(estimate.high_usd)}; see the assumptions below)"))
         if estimate.choice:
             rows.append(("hardware", estimate.choice))
     if job is not None:
@@ -117,7 +119,7 @@ def render_summary(run_id: str, prep: PrepResult | None, smoke: SmokeResult | No
         *([f"Early stopping (not in the figures above): {early}.", ""] if early else []),
         "Assumptions:",
         "",
-        *([f"- estimate before launch: {estimate.assumption}"] if estimate is not None else []),
+        *([f"- estimate before launch: {estimate.summary()}"] if estimate is not None else []),
         *[f"- {a}" for a in figures.assumptions],
         "",
     ]
@@ -171,9 +173,24 @@ def gold_of(summary: Any) -> str | None:
             f"{best.step})")
 
 
+def _artifact(kind: str, content: Any, key: str, description: str, flow_run_id: Any = None) -> None:
+    """A markdown or table artifact of this flow run; from a hook (no run context) linked to ``flow_run_id``."""
+    if flow_run_id is None:
+        (create_markdown_artifact if kind == "markdown" else create_table_artifact)(content, key=key,
+                                                                                   description=description)
+        return
+    made = (MarkdownArtifact(markdown=content, key=key, description=description, flow_run_id=flow_run_id)
+            if kind == "markdown" else
+            TableArtifact(table=content, key=key, description=description, flow_run_id=flow_run_id))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # "outside of a flow run": it names its flow run itself
+        made.create()
+
+
 def publish(config: RunConfig, kind: str, message: str = "", job: JobOutcome | None = None,
             prep: PrepResult | None = None, smoke: SmokeResult | None = None,
-            estimate: Estimate | None = None, write: bool = True) -> tuple[str, SavingsReport | None]:
+            estimate: Estimate | None = None, write: bool = True,
+            flow_run_id: Any = None) -> tuple[str, SavingsReport | None]:
     """Report an end, however the run got there: ``savings.json`` (when the run has a ledger, and ``write``: an end
     before any launch leaves the figures of the run's last job), the summary artifact opening with the end's
     sentence, the attempts and the cross-run table. Returns the sentence and the figures."""
@@ -207,14 +224,14 @@ def publish(config: RunConfig, kind: str, message: str = "", job: JobOutcome | N
                     + "## Loss and spend\n\n" + curve)
     else:
         markdown = f"# Run `{run_id}`\n\n{message}\n"
-    create_markdown_artifact(markdown, key=artifact_key(run_id, "summary"), description=f"Thrifty run {run_id}")
+    _artifact("markdown", markdown, artifact_key(run_id, "summary"), f"Thrifty run {run_id}", flow_run_id)
     if attempts:
-        create_table_artifact(attempt_rows(attempts), key=artifact_key(run_id, "attempts"),
-                              description=f"Attempts of run {run_id}: every job's, resumes included")
-        create_table_artifact(savings_rows(savings.read_all(store)), key=SAVINGS_TABLE_KEY,
-                              description=f"Savings of every Thrifty run in {store.uri}")
-    if (me := _flow_run_id()) is not None:
-        _PUBLISHED.add(me)
+        _artifact("table", attempt_rows(attempts), artifact_key(run_id, "attempts"),
+                  f"Attempts of run {run_id}: every job's, resumes included", flow_run_id)
+        _artifact("table", savings_rows(savings.read_all(store)), SAVINGS_TABLE_KEY,
+                  f"Savings of every Thrifty run in {store.uri}", flow_run_id)
+    if (me := flow_run_id or _flow_run_id()) is not None:
+        _PUBLISHED.add(str(me))
     return message, figures
 
 

@@ -28,6 +28,7 @@ from thrifty.config import ConfigError, RunConfig, script_config
 from thrifty.faults import fault_point
 from thrifty.launchers.identity import identify
 from thrifty.money.meter import NodeMeter
+from thrifty.money.throughput import speed_key
 from thrifty.spot.preemption import config_mtbp, node_mtbp
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED
 from thrifty.runs import RunSummary, run_key, write_summary
@@ -402,7 +403,7 @@ class Session:
             self._last_log = (self.step, time.perf_counter())
         self._emit({"event": "start", "step": self.step, "total_steps": self.total_steps, "resumes": self.resumes,
                     "precision": "script", "device": self.device.type, "world_size": self.dist.world,
-                    "cache_key": "", "cache_hit": False})
+                    "cache_key": "", "cache_hit": False, "speed_key": speed_key(self.cfg)})  # its history's key
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.metrics is not None:
