@@ -60,6 +60,10 @@ def test_an_own_recipes_best_checkpoint_holds_the_weights_that_scored_it(tmp_pat
     infos = {c.step: c for c in committed(open_store(cfg.store), "own")}
     assert 10 in infos and infos[10].metric == best.value
     assert all(c.metric is None for s, c in infos.items() if s != 10), "only a new best's COMMIT names a metric"
+    from thrifty.archive.store import run_facts  # archival keeps those weights hot
+
+    s = open_store(cfg.store)
+    assert run_facts(s, "own", s.list("runs/own/")).best_steps == {10}
 
 
 def test_a_resumed_run_keeps_its_best_weights(tmp_path):

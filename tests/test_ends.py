@@ -249,3 +249,25 @@ def test_a_job_that_reached_its_rung_is_never_stopped_or_called_over_budget(pref
     out = watch_it()
     assert out.end == "succeeded" and "trained to epoch 1" in out.message, out
     assert "exceeded" not in sent and "stopped" not in sent, sent
+
+
+def test_a_search_says_its_end_once(webhook, tmp_path):
+    """A sweep's end reaches its base config's notification blocks once, with its spend over every trial's ledger
+    and its best; each trial's own end is its run's (one each)."""
+    from flows.sweep import sweep
+    from thrifty.sweep import build_sweep
+
+    store = tmp_path / "store"
+    base = config(store, "x", {"max_epochs": 1}).model_dump(mode="json")
+    cfg = build_sweep({"name": "said", "base": base, "max_trials": 2, "min_epochs": 1, "eta": 3, "max_epochs": 1,
+                       "max_usd": 0.5, "concurrency": 1, "space": {"train.lr": {"choice": [1e-3, 3e-3]}}})
+    webhook.clear()
+    state = sweep(cfg, poll_s=0.2, return_state=True)
+    assert state.is_completed(), state.message
+    out = state.result()
+    said = [m["body"] for m in webhook if m["body"].startswith("sweep said ")]
+    assert len(said) == 1, said
+    spent = sum(spend_usd(read_attempts(open_store(str(store)), f"said-t{i:03d}")) for i in range(2))
+    assert said[0].startswith(f"sweep said completed: spent ${spent:.5f} of its $0.5 cap; best {out.best_run}")
+    for i in range(2):
+        assert len(ends_said(webhook, f"said-t{i:03d}")) == 1, "each trial's end, once"

@@ -91,3 +91,66 @@ def test_a_sweeps_trained_to_the_end_counts_every_trial_it_drew():
     assert money.full_usd == pytest.approx(0.90 + (0.12 + 8 * 0.10) + (0.35 + 6 * 0.12) + 9 * typical
                                            + (0.02 + 9 * typical))
     assert money.spent_usd == pytest.approx(1.39)
+
+
+def agrees(shown: str, ledger: float) -> bool:
+    """A figure printed with d decimals agrees with the ledger when it is the ledger's figure rounded to d."""
+    decimals = len(shown.partition(".")[2])
+    return abs(float(shown) - ledger) <= 0.5 * 10 ** -decimals + 1e-12
+
+
+@pytest.mark.slow
+def test_one_runs_figures_agree_with_its_ledger_everywhere_they_are_shown(prefect_harness, tmp_path, capsys):
+    """The flow's result, savings.json, the end's sentence, the summary artifact (cost, headline, chart text and
+    SVG), both progress cards, the cross-run table artifact and `thrifty report`: one spend, the ledger's."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType, FlowRunFilter, FlowRunFilterId
+
+    from flows.train_pipeline import train_pipeline
+    from thrifty.cli import main
+    from thrifty.config import build_config
+    from thrifty.money.budget import spend_usd
+    from thrifty.money.ledger import read_attempts
+    from thrifty.storage import open_store
+
+    store = tmp_path / "store"
+    cfg = build_config({"run_name": "agree", "recipe": "digits", "store": str(store),
+                        "recipe_params": {"limit": 400},
+                        "train": {"max_epochs": 3, "micro_batch": 32, "precision": "fp32", "checkpoint_every": 5,
+                                  "log_every": 5},
+                        "compute": {"emulate": "aws:g5.xlarge"}, "budget": {"max_usd": 1.0}})
+    state = train_pipeline(cfg, poll_s=0.2, return_state=True)
+    assert state.is_completed()
+    out = state.result()
+    ledger = spend_usd(read_attempts(open_store(str(store)), "agree"))
+    assert out.cost_usd == pytest.approx(ledger, abs=1e-6)
+    figs = savings.read(open_store(str(store)), "agree")
+    assert figs.actual_usd == pytest.approx(ledger, abs=1e-6)
+    assert agrees(re.search(r"spent \$([0-9.]+) of its", figs.end).group(1), ledger)
+
+    async def artifacts():
+        async with get_client() as client:
+            mine = await client.read_artifacts(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+            progress = await client.read_artifacts(artifact_filter=ArtifactFilter(
+                type=ArtifactFilterType(any_=["progress"])), flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+            return {a.key: a for a in mine if a.key}, progress
+
+    by_key, progress = asyncio.run(artifacts())
+    summary = by_key["thrifty-summary-agree"].data
+    assert agrees(re.search(r"\| cost \| \$([0-9.]+) ", summary).group(1), ledger)
+    assert agrees(re.search(r"Actual \*\*\$([0-9.]+)\*\*", summary).group(1), ledger)
+    assert agrees(re.search(r"; spend \$([0-9.]+) of the \$1 budget", summary).group(1), ledger), "chart text"
+    svg = base64.b64decode(re.search(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)", summary).group(1)).decode()
+    assert agrees(re.search(r">spend \$([0-9.]+) of", svg).group(1), ledger), "the chart's spend line ends there"
+    rows = by_key["thrifty-savings"].data
+    rows = json.loads(rows) if isinstance(rows, str) else rows
+    [row] = [r for r in rows if r["run"] == "agree"]
+    assert agrees(f"{row['spent $']:.5f}", ledger)
+    assert len(progress) == 2 and all(agrees(re.search(r"\$([0-9.]+) of \$1 budget", a.description).group(1), ledger)
+                                      for a in progress), [a.description for a in progress]
+    assert main(["report", "--set", f"store={store}"]) == 0
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if "agree" in x and re.search(r"\d+\.\d{5}", x))
+    assert agrees(re.findall(r"\d+\.\d{5}", line)[0], ledger), printed
