@@ -92,9 +92,9 @@ def train_trial(config: RunConfig, poll_s: float, smoke_result: SmokeResult) -> 
 def _run(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None) -> PipelineResult:
     """The pipeline, and every way it can end before its own report: each is reported (its spend, what to do
     next) and ends in a state whose message says it."""
-    reached: dict[str, bool] = {"launch": False}
+    began = time.time()
     try:
-        return pipeline(config, poll_s, smoke_result, reached)
+        return pipeline(config, poll_s, smoke_result)
     except StepFailed as failed:
         name = failed.state.name if failed.state.name in (BAD_INPUT, STOPPED_AT_CAP) else "Failed"
         kind, message = ends.KIND_OF_STATE[name], failed.state.message or ""
@@ -102,29 +102,30 @@ def _run(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None) -> 
         name, kind, message = BAD_INPUT, "bad_input", bad_input(exc).message or ""
     except TerminationSignal:  # cancelled (the UI, the API): the watch loop stopped the job, checkpoint first
         name, kind, message = "Cancelled", "cancelled", "it was cancelled from outside the run"
-    message = report_end(config, kind, message, reached["launch"])
+    message = report_end(config, kind, message, began)
     if name == "Cancelled":
         return Cancelled(message=message)  # type: ignore[return-value]
     return Failed(name=name, message=message)  # type: ignore[return-value]
 
 
-def report_end(config: RunConfig, kind: str, detail: str, launched: bool) -> str:
+def report_end(config: RunConfig, kind: str, detail: str, began_unix: float) -> str:
     """The report of an end the pipeline did not reach its own report for; returns the end's sentence. Never
-    raises: a store it cannot read leaves the sentence without the spend. An end before the launch (``launched``
-    false) writes nothing in the store: the run's figures stay those of its last job."""
+    raises: a store it cannot read leaves the sentence without the spend. An end before this flow run rented
+    anything (no attempt since ``began_unix``) writes nothing in the store: the run's figures stay its last job's."""
     try:
         config = config.resolved(scheduled_date())
     except ValueError:
         pass  # the config's own fault: said in ``detail``
     try:
+        launched = any(a.started_unix >= began_unix - 1.0
+                       for a in read_attempts(open_store(config.store), config.run_name))
         return publish(config, kind, detail, write=launched)[0]
     except Exception as exc:  # noqa: BLE001 - the end is said whatever the report could not write
         get_run_logger().warning("could not write the report of run %s (%s)", config.run_name, exc)
         return ends.sentence(kind, config.run_name, 0.0, config.budget.max_usd, detail, launched=False)
 
 
-def pipeline(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None = None,
-             reached: dict[str, bool] | None = None) -> PipelineResult | State:
+def pipeline(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None = None) -> PipelineResult | State:
     logger = get_run_logger()
     config = config.resolved(scheduled_date())  # 'nightly-{date}' -> a new run each night, validated again
     earlier = tag_run(config.run_name, logger)  # the UI's one-click filter for this run's flow runs
@@ -161,8 +162,6 @@ def pipeline(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None 
                     smoke_result.steps, smoke_result.cpu_step_time_s)
     estimate = step(budget_gate, config, prep, smoke_result, poll_s)  # refuses what the budget cannot carry
 
-    if reached is not None:
-        reached["launch"] = True  # from here an end has a job (or its attempt) to report
     with training_slot(logger):  # at most --pool-concurrency training jobs at once, however many workers
         job = step(launch_and_watch, config, estimate, poll_s)  # stops the job at the budget cap
     figures = step(report, config, prep, smoke_result, estimate, job)  # every end is reported, its spend counted

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prefect import get_run_logger, task
 from prefect.states import Failed
 
@@ -12,7 +14,7 @@ from thrifty.config import ConfigError, RunConfig
 from thrifty.report import ends
 from thrifty.money.estimate import AUTO_FIRST_CHECKPOINT_STEPS, Estimate, estimate_run, gate, smallest_budget_usd
 from thrifty.money.history import LOCAL, job_history
-from thrifty.money.ledger import read_attempts
+from thrifty.money.ledger import read_attempts, read_meters
 from thrifty.money.pricing import quote_emulated
 from thrifty.results import PrepResult, SmokeResult
 from thrifty.usercode.script import is_script, script_total_steps
@@ -88,7 +90,8 @@ def budget_gate(config: RunConfig, prep: PrepResult, smoke: SmokeResult, poll_s:
     """Estimate on the candidate where the run costs least (measured or smoke-test speeds, the price table); refuse (OverBudgetPlan) what the budget,
     less what the run already spent and the reserve the cap holds back, cannot carry."""
     estimate = estimate_for(config, prep, smoke)
-    spent = spend_usd(read_attempts(open_store(config.store), config.run_name))
+    store = open_store(config.store)
+    spent = spend_usd(read_attempts(store, config.run_name))
     reserve = stop_reserve_s(config, poll_s)
     logger = get_run_logger()
     if estimate.choice:
@@ -96,9 +99,13 @@ def budget_gate(config: RunConfig, prep: PrepResult, smoke: SmokeResult, poll_s:
     logger.info("estimate %s; %g s of burn held back to stop in ($%.5f); $%.5f spent by earlier jobs of this run",
                 estimate.summary(), reserve, reserve / 3600.0 * estimate.usd_per_hour, spent)
     b = config.budget
+    if any(not m.gone(time.time()) for m in read_meters(store, config.run_name)):
+        logger.info("a job of run %s is still alive: the launch step re-attaches to it or says so; nothing new is "
+                    "priced", config.run_name)
+        return estimate
     smallest, why = smallest_budget_usd(estimate, reserve, config.train.checkpoint_every, spent)
     if spent > 0 and b.max_usd < smallest:  # what the run spent took its budget (a Retry of a run its cap stopped)
-        saved = checkpoints.committed(open_store(config.store), config.run_name)
+        saved = checkpoints.committed(store, config.run_name)
         return Failed(name=ends.STATE["budget"], message=ends.sentence(  # type: ignore[return-value]
             "budget", config.run_name, spent, b.max_usd, f"what is left cannot buy a checkpoint more (it needs "
             f"${smallest:.5f}: {why}); nothing was launched", saved[-1].step if saved else None))

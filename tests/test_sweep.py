@@ -442,11 +442,12 @@ def test_killed_search_resumes_and_finds_the_known_answer(prefect_harness, e2e_s
 
 @pytest.mark.slow
 def test_a_cap_that_cannot_carry_every_trial_forces_pruning_and_holds(prefect_harness, e2e_store):
-    """$0.0016 covers two or three short jobs (each reserves its estimate x 1.5 plus 5 s to stop in): the rest
-    are refused with the reason, nothing is launched past the cap, and the spend stays under it."""
+    """$0.004 covers two or three short jobs (each reserves its estimate x 1.5 plus 5 s to stop in, and never less
+    than its first checkpoint at the estimate's high end): the rest are refused with the reason, nothing is
+    launched past the cap, and the spend stays under it."""
     from flows.sweep import sweep
 
-    cfg = digits_sweep(e2e_store, "tight", max_usd=0.0016)
+    cfg = digits_sweep(e2e_store, "tight", max_usd=0.004)
     out = sweep(cfg, poll_s=0.2)
     refused = [r for r in out.leaderboard if r["state"] == "out_of_budget"]
     assert refused and all("cannot cover" in r["note"] for r in refused)

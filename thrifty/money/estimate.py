@@ -1,10 +1,13 @@
 """What a run will cost before it is launched, and the gate that refuses a plan the budget cannot carry.
 
-The gate prices what the watch loop and the node will enforce: besides the training steps, the
-start-up billed before the first step, and the reserve held back below the cap (one poll
-interval and the stop itself). A budget too small to reach even one checkpoint is refused
-always (``allow_over_budget`` cannot help: the money would buy nothing kept), naming the
-smallest budget that can make progress.
+One estimate, with its basis and a range: measured from the store's history of the same model on the same
+hardware (``thrifty.money.history``), scaled from the smoke test's CPU measurement, or unknown. It prices what the
+watch loop and the node will enforce: the steps with their evaluation and checkpoints, the start-up billed before
+the first step, and the reserve held back below the cap (one poll interval and the stop itself). The gate refuses
+a plan only when even the low end of its range is over the budget (the hard cap holds whatever the estimate
+said), and a budget too small to reach even one checkpoint always (``allow_over_budget`` cannot help: the money
+would buy nothing kept), naming the smallest budget that can make progress. The price is an input (``usd_per_hour``):
+where it comes from is the caller's.
 """
 
 from __future__ import annotations
@@ -60,8 +63,8 @@ class Estimate(BaseModel):
         """The one figure set every surface prints for this plan: estimate, range, what it covers, its basis."""
         high = "?" if math.isinf(self.high_usd) else f"${self.high_usd:.5f}"
         return (f"${self.usd:.5f} (range ${self.low_usd:.5f}-{high}) for {self.steps} steps: {self.startup_s:.0f} s of "
-                f"start-up + {self.hours * 3600 - self.startup_s:.0f} s of training, evaluation "
-                f"({self.overhead_s:.0f} s of it) and checkpoints, at ${self.usd_per_hour:.3f}/h; {BASIS[self.basis]}: "
+                f"start-up + {self.hours * 3600 - self.startup_s:.0f} s of training (evaluation and checkpoints "
+                f"{self.overhead_s:.0f} s of it), at ${self.usd_per_hour:.3f}/h; {BASIS[self.basis]}: "
                 f"{self.assumption}")
 
 
