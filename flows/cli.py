@@ -65,6 +65,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     table.add_row("cost (emulated)", f"${out.cost_usd:.5f} spent by earlier jobs of this run"
                   if out.already_finished else f"${out.cost_usd:.5f} vs ${out.on_demand_usd:.5f} on-demand")
     Console().print(table)
+    if out.savings is not None and out.savings.end:
+        print(out.savings.end)  # how it ended, what it cost and saved, what next: the run's one sentence
     return EXIT_OK
 
 
