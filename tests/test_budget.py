@@ -410,6 +410,8 @@ def test_automations_file_loads_on_a_real_server(webhook):
             names = await install(client, notify_block="custom-webhook/thrifty-test")
             again = await install(client, notify_block="custom-webhook/thrifty-test")  # idempotent
             stored = {a.name: a for a in await client.read_automations()}
+            for automation in stored.values():  # the session's server runs every later test's flows: left active,
+                await client.delete_automation(automation.id)  # they would act on them (a webhook gone, cancels)
             return names, again, stored
 
     names, again, stored = asyncio.run(go())
