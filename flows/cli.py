@@ -7,6 +7,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from flows.hooks import ENDS
@@ -23,9 +24,11 @@ EXIT_CODES = {"StoppedAtCap": EXIT_BUDGET, "BadInput": EXIT_BAD_INPUT}  # by the
 
 
 def failed(console: Console, what: str, state: Any) -> int:
-    """Say how a flow that did not complete ended, in one line; its exit code by the state's name."""
-    console.print(f"[red]{what} {ENDS.get(state.name, state.name.lower())}:[/] {state.message}", highlight=False,
-                  soft_wrap=True)
+    """Say how a flow that did not complete ended, in one line; its exit code by the state's name. A message that
+    is already the end's sentence (it starts with ``what``) is said as it is."""
+    text = (state.message or "") if (state.message or "").startswith(f"{what} ") else \
+        f"{what} {ENDS.get(state.name, state.name.lower())}: {state.message}"
+    console.print(f"[red]{escape(text)}[/]", highlight=False, soft_wrap=True)
     return EXIT_CODES.get(state.name, EXIT_FAILED)
 
 
@@ -62,6 +65,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     table.add_row("cost (emulated)", f"${out.cost_usd:.5f} spent by earlier jobs of this run"
                   if out.already_finished else f"${out.cost_usd:.5f} vs ${out.on_demand_usd:.5f} on-demand")
     Console().print(table)
+    if out.savings is not None and out.savings.end:
+        print(out.savings.end)  # how it ended, what it cost and saved, what next: the run's one sentence
     return EXIT_OK
 
 
@@ -99,10 +104,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                         for c in ("trial", *cfg.space, "epochs", out.metric, "cost $", "state")))
     Console(width=max(Console().width, 160)).print(table)  # the values' columns stay readable in a log
     if out.best_run:
-        print(f"best: {out.best_run} {out.best_values}: {out.metric} {out.best_value:.5f} at epoch {out.best_epochs}; "
-              f"gold weights {out.gold}")
-    print(f"spent ${out.spent_usd:.5f} of ${out.max_usd:g}; the same trials trained to the end: ~${out.full_usd:.5f} "
-          f"(saved {out.saved_fraction:.0%}). Leaderboard: artifact 'thrifty-sweep-{out.name}' in Prefect.")
+        print(f"best: {out.best_run} {out.best_values}: {out.metric} {out.best_value:.5f} (trained to its end, "
+              f"epoch {out.best_epochs}); gold weights {out.gold}")
+    else:
+        print("no best: no trial trained to its end (the leaderboard shows who leads); start the search again with "
+              "larger caps to train on")
+    print(f"spent ${out.spent_usd:.5f} of ${out.max_usd:g}; every trial it drew trained to the end: "
+          f"~${out.full_usd:.5f} (saved {out.saved_fraction:.0%}). Leaderboard: artifact 'thrifty-sweep-{out.name}' "
+          "in Prefect.")
     return EXIT_OK
 
 

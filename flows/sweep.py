@@ -11,6 +11,7 @@ started again reruns nothing finished: the store says what each trial reached.
 from __future__ import annotations
 
 import contextvars
+import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Failed, State
 
+from flows.hooks import post_sweep_end
 from flows.train_pipeline import StepFailed, outcome_of, step, train_trial
 from tasks.budget import estimate_for
 from tasks.launch import request_stop
@@ -25,14 +27,15 @@ from tasks.errors import BAD_INPUT, USER_ERRORS, bad_input
 from tasks.preprocess import preprocess
 from tasks.smoke import smoke
 from tasks.sweep_report import mark_gold, sweep_report
-from thrifty.runs import lease
+from thrifty.runs import checkpoints, lease
+from thrifty.money.estimate import smallest_budget_usd
 from thrifty.money.budget import gpus_per_node, stop_reserve_s
 from thrifty.config import ConfigError, RunConfig
 from thrifty.money.ledger import read_meters
 from thrifty.launchers.preflight import check_before_spending
 from thrifty.results import PrepResult, SmokeResult
 from thrifty.storage import Store, open_store
-from thrifty.sweep import (Need, SweepConfig, SweepState, TrialState, best_trial, load_state, measured_per_epoch,
+from thrifty.sweep import (Need, SweepConfig, SweepState, TrialState, best_trial, leader, load_state, measured_per_epoch,
                            need_for, next_job, observe, refusal, save_state, settle)
 from thrifty.sweep.report import SweepResult
 from training.validate import check_config
@@ -50,7 +53,8 @@ def sweep_run_name() -> str:
     return f"sweep-{name or 'digits-sweep'}"
 
 
-@flow(name="thrifty-sweep", flow_run_name=sweep_run_name, log_prints=True)
+@flow(name="thrifty-sweep", flow_run_name=sweep_run_name, log_prints=True, on_completion=[post_sweep_end],
+      on_failure=[post_sweep_end], on_crashed=[post_sweep_end], on_cancellation=[post_sweep_end])
 def sweep(config: SweepConfig = SweepConfig(), poll_s: float = 1.0) -> SweepResult:
     """Search RunConfig fields by successive halving without spending past the caps: dollars, GPU-hours, wall
     clock, trials. Each trial is a thrifty-train child flow run; the best trial's weights are marked gold.
@@ -104,10 +108,17 @@ class Search:
         prep, smoke_result = self.prepared(t.index)
         cfg = self.config.trial(t.index, stop_at_epoch=target)
         est = estimate_for(cfg, prep, smoke_result)  # from the run's newest checkpoint to the milestone
-        reserve_usd = stop_reserve_s(cfg, self.poll_s) / 3600.0 * est.usd_per_hour
-        usd_epoch, hours_epoch = measured_per_epoch(self.trials)
+        reserve_s = stop_reserve_s(cfg, self.poll_s)
+        reserve_usd = reserve_s / 3600.0 * est.usd_per_hour
+        shape = self.config.shape_key(t.index)  # speeds measured by trials of this model shape only
+        usd_epoch, hours_epoch = measured_per_epoch([x for x in self.trials if self.config.shape_key(x.index) == shape])
+        high = est.high_usd / est.usd if est.usd > 0 and math.isfinite(est.high_usd) else 3.0
+        first, _ = smallest_budget_usd(est, reserve_s, cfg.train.checkpoint_every)
+        first_high = (first - reserve_usd) * high + reserve_usd  # to its first checkpoint, at the range's high end
+        # each time its own cap stopped this milestone's job, the headroom doubles: the estimate was short
         need = need_for(est.usd, est.hours, reserve_usd, gpus_per_node(cfg) * cfg.compute.num_nodes,
-                        self.config.reserve_factor, target - t.reached, usd_epoch, hours_epoch)
+                        self.config.reserve_factor * 2 ** t.cap_stops, target - t.reached, usd_epoch, hours_epoch,
+                        first_high)
         return cfg, need, smoke_result
 
     def stop_at_deadline(self, in_flight: list[TrialState]) -> None:
@@ -178,8 +189,12 @@ def search(config: SweepConfig, poll_s: float) -> SweepResult:
         state.ended = True
         gold = mark_gold(store, config, best) if best else None
         if best:
-            s.decide(f"best: {best.run_name} {best.values} {config.rank_metric}={best.score(best.reached):.5f} "
-                     f"at epoch {best.reached}; gold: {gold or 'no checkpoint'}")
+            s.decide(f"best: {best.run_name} {best.values} {config.rank_metric}={best.ranking_value():.5f} "
+                     f"(trained to its end, epoch {best.reached}); gold: {gold or 'no checkpoint'}")
+        elif (ahead := leader(state.trials, config.rank_mode)) is not None:
+            s.decide(f"no best: no trial trained to its end; {ahead.run_name} {ahead.values} leads at epoch "
+                     f"{ahead.reached} ({config.rank_metric}={ahead.ranking_value():.5f}). Start the search again "
+                     "with larger caps to train it on", warn=True)
         s.save()
         return sweep_report(config, state, gold)
     finally:
@@ -250,7 +265,7 @@ def settled(s: Search, t: TrialState, target: int, future: Future) -> None:
     t.status, t.cap_usd, t.cap_gpu_hours = "paused", None, None
     observe(s.store, s.config, t)
     if t.status == "finished":
-        s.decide(f"{t.run_name}: finished, {s.config.rank_metric}={t.score(t.reached)} ({t.note}); "
+        s.decide(f"{t.run_name}: finished, {s.config.rank_metric}={t.ranking_value()} ({t.note}); "
                  f"${t.spent_usd:.5f} in all")
     elif t.reached >= target:
         t.target, t.cap_stops = None, 0
@@ -260,10 +275,13 @@ def settled(s: Search, t: TrialState, target: int, future: Future) -> None:
         t.note = f"stopped at the search's deadline before epoch {target}; its checkpoint is kept"
         s.decide(f"{t.run_name}: {t.note}", warn=True)
     elif name == "StoppedAtCap" and t.cap_stops < MAX_CAP_STOPS:
-        # the estimate was short (a loaded machine): its checkpoint is kept, and it goes again first with an
-        # allowance from what it measured, if the search's caps can cover that
+        # the estimate was short (a loaded machine): its checkpoint (if any) is kept, and it goes again first with
+        # twice the headroom and what it measured, if the search's caps can cover that
         t.cap_stops += 1
-        t.note = f"its cap stopped it before epoch {target}; relaunched from its checkpoint at the measured speed"
+        saved = checkpoints.committed(s.store, t.run_name)
+        where = (f"from its checkpoint at step {saved[-1].step}" if saved else
+                 "from the start: it had no checkpoint yet")
+        t.note = f"its cap stopped it before epoch {target}; relaunched {where}, with twice the headroom"
         s.decide(f"{t.run_name}: {t.note}", warn=True)
     else:
         t.status, t.target = "failed", None

@@ -2,9 +2,11 @@
 
 Script mode (``recipe: script``) has no preprocessing step: the command reads its own data.
 
-Every way a run can end is a state with a message and no traceback: Completed; Failed named
+Every way a run can end is a state with a message and no traceback, and a report: Completed; Failed named
 ``BadInput`` (a setting to change, before anything was rented); Failed named ``StoppedAtCap``
-(the budget ran out; the report is written and the checkpoint kept); Failed (the job failed).
+(the budget ran out; the checkpoint kept); Failed (the job failed); Cancelled (from the UI or the API: the job
+is stopped with a checkpoint first). The message is one sentence (``thrifty.report.ends``): the end, the spend,
+what to do next.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.states import Failed, State
+from prefect.exceptions import TerminationSignal
+from prefect.states import Cancelled, Failed, State
 
 from flows.hooks import announce_projection, post_final_cost
 from flows.run_names import say_where_it_starts, scheduled_date, tag_run, train_run_name
@@ -22,11 +25,12 @@ from tasks.budget import budget_gate
 from tasks.errors import BAD_INPUT, USER_ERRORS, bad_input
 from tasks.launch import launch_and_watch
 from tasks.preprocess import preprocess
-from tasks.report import report
+from tasks.report import publish, report
 from tasks.smoke import smoke
 from thrifty.runs import checkpoints, lease
 from thrifty.money.budget import spend_usd
 from thrifty.config import RunConfig
+from thrifty.report import ends
 from thrifty.money.ledger import read_attempts
 from thrifty.money.unwatched import settle
 from thrifty.launchers.preflight import check_before_spending
@@ -37,7 +41,7 @@ from thrifty.usercode.script import is_script
 from thrifty.storage import open_store
 from training.validate import check_config
 
-STOPPED_AT_CAP = "StoppedAtCap"  # the name of the Failed state a run stopped at its budget cap ends in
+STOPPED_AT_CAP = ends.STATE["budget"]  # the name of the Failed state a run stopped at its budget cap ends in
 
 
 class StepFailed(Exception):
@@ -88,13 +92,39 @@ def train_trial(config: RunConfig, poll_s: float, smoke_result: SmokeResult) -> 
 
 
 def _run(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None) -> PipelineResult:
+    """The pipeline, and every way it can end before its own report: each is reported (its spend, what to do
+    next) and ends in a state whose message says it."""
+    began = time.time()
     try:
         return pipeline(config, poll_s, smoke_result)
     except StepFailed as failed:
-        name = BAD_INPUT if failed.state.name == BAD_INPUT else "Failed"
-        return Failed(name=name, message=failed.state.message)  # type: ignore[return-value]
+        name = failed.state.name if failed.state.name in (BAD_INPUT, STOPPED_AT_CAP) else "Failed"
+        kind, message = ends.KIND_OF_STATE[name], failed.state.message or ""
     except USER_ERRORS as exc:
-        return bad_input(exc)  # type: ignore[return-value]
+        name, kind, message = BAD_INPUT, "bad_input", bad_input(exc).message or ""
+    except TerminationSignal:  # cancelled (the UI, the API): the watch loop stopped the job, checkpoint first
+        name, kind, message = "Cancelled", "cancelled", "it was cancelled from outside the run"
+    message = report_end(config, kind, message, began)
+    if name == "Cancelled":
+        return Cancelled(message=message)  # type: ignore[return-value]
+    return Failed(name=name, message=message)  # type: ignore[return-value]
+
+
+def report_end(config: RunConfig, kind: str, detail: str, began_unix: float) -> str:
+    """The report of an end the pipeline did not reach its own report for; returns the end's sentence. Never
+    raises: a store it cannot read leaves the sentence without the spend. An end before this flow run rented
+    anything (no attempt since ``began_unix``) writes nothing in the store: the run's figures stay its last job's."""
+    try:
+        config = config.resolved(scheduled_date())
+    except ValueError:
+        pass  # the config's own fault: said in ``detail``
+    try:
+        launched = any(a.started_unix >= began_unix - 1.0
+                       for a in read_attempts(open_store(config.store), config.run_name))
+        return publish(config, kind, detail, write=launched)[0]
+    except Exception as exc:  # noqa: BLE001 - the end is said whatever the report could not write
+        get_run_logger().warning("could not write the report of run %s (%s)", config.run_name, exc)
+        return ends.sentence(kind, config.run_name, 0.0, config.budget.max_usd, detail, launched=False)
 
 
 def pipeline(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None = None) -> PipelineResult | State:
@@ -143,9 +173,11 @@ def pipeline(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None 
         job = step(launch_and_watch, config, estimate, poll_s)  # stops the job at the budget cap
     figures = step(report, config, prep, smoke_result, estimate, job)  # every end is reported, its spend counted
     if job.end == "budget":
-        return Failed(name=STOPPED_AT_CAP, message=job.message)
+        return Failed(name=STOPPED_AT_CAP, message=figures.end)
+    if job.end == "cancelled":
+        return Cancelled(message=figures.end)
     if job.end != "succeeded":
-        return Failed(message=job.message)
+        return Failed(message=figures.end)
     return PipelineResult(run_name=config.run_name, cache_hit=prep.hit, smoke=smoke_result, estimate=estimate,
                           job=job, summary=job.summary, cost_usd=figures.actual_usd,
                           on_demand_usd=figures.on_demand_usd, savings=figures)

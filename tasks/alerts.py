@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 from prefect.events import emit_event
 
@@ -119,8 +119,11 @@ class BudgetGuard:
         t0, s0 = self._first
         return (step - s0) / (now - t0) if now > t0 and step > s0 else None
 
-    def check(self, attempts: list[Attempt], progress: dict[str, Any]) -> tuple[Snapshot, bool]:
-        """One look at the money; returns the snapshot and whether the job must be stopped now."""
+    def check(self, attempts: list[Attempt], progress: dict[str, Any],
+              reached_end: Callable[[], bool] | None = None) -> tuple[Snapshot, bool]:
+        """One look at the money; returns the snapshot and whether the job must be stopped now. ``reached_end`` is
+        asked before the cap says so: a job that has just reached its end is never alerted or stopped as over
+        budget."""
         now = time.time()
         if self._last_check is not None:
             self.gap_s = max(self.poll_s, 1.5 * (now - self._last_check))  # a slow look leaves less time
@@ -136,6 +139,8 @@ class BudgetGuard:
         exceeded = False
         for alert in due_alerts(snap, self.config.budget, self.state, self.run_id, now, self.reserve_s,
                                 est.usd_per_hour if est else None):
+            if alert.kind == "exceeded" and reached_end is not None and reached_end():
+                continue
             exceeded = exceeded or alert.kind == "exceeded"
             self._send(alert.kind, alert.message, alert.payload)
         if (list(self.state.fired), self.state.last_burn_alert_unix) != before:
@@ -143,10 +148,12 @@ class BudgetGuard:
         return snap, exceeded
 
     def stopped(self, message: str, payload: dict[str, Any]) -> None:
-        """The job stopped at the cap: ``thrifty.budget.stopped``, which the server-side backstop waits for."""
-        self._send("stopped", message, payload)
+        """The job stopped at the cap: ``thrifty.budget.stopped``, which the server-side backstop waits for (an
+        event only: the run's end is notified once, by its end hook)."""
+        self._send("stopped", message, payload, notify_blocks=False)
 
-    def _send(self, kind: str, message: str, payload: dict[str, Any]) -> None:
+    def _send(self, kind: str, message: str, payload: dict[str, Any], notify_blocks: bool = True) -> None:
         self.logger.warning("budget: %s", message)
         emit_event(event=f"thrifty.budget.{kind}", resource=run_resource(self.run_id), payload=payload)
-        notify(self.config.budget.notify, f"Thrifty budget: {self.run_id}", message, self.logger)
+        if notify_blocks:
+            notify(self.config.budget.notify, f"Thrifty budget: {self.run_id}", message, self.logger)

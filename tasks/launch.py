@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -29,11 +29,13 @@ from thrifty.launchers import JobState, JobStatus, LaunchError, Launcher, make_l
 from thrifty.money.ledger import Attempt, job_ended_at_cap, read_attempts, read_meters, write_job_attempts
 from thrifty.protocol import ENV_LEASE_TOKEN
 from thrifty.results import JobOutcome
-from thrifty.runs import finished_since, latest_progress, read_metrics, read_summary
+from thrifty.report import ends
+from thrifty.runs import finished_since, latest_progress, reached_end, read_metrics, read_summary
 from thrifty.storage import Store, open_store
 
 LEASE_TTL_S = 60.0  # a watcher silent this long is gone; its lease may be taken over
 LEASE_BEAT_S = 10.0
+END_EXIT_S = 60.0  # a job that reached its end is given this long (past the stop margin) to exit by itself
 
 
 _STOP_REQUESTS: dict[str, str] = {}  # run_id -> why: a graceful stop asked of the watch loop in this process
@@ -93,8 +95,10 @@ class CapTimer:
     whatever the loop is doing, and the launcher ends the job within the margin after it.
     """
 
-    def __init__(self, launcher: Launcher, job_id: str, margin_s: float, logger: Any):
+    def __init__(self, launcher: Launcher, job_id: str, margin_s: float, logger: Any,
+                 reached_end: Callable[[], bool] | None = None):
         self.launcher, self.job_id, self.margin_s, self.logger = launcher, job_id, margin_s, logger
+        self.reached_end = reached_end  # a job that reached its end is exiting: never stopped for money
         self.fired = threading.Event()  # set once the job has been told to stop
         self._firing = False  # set the moment it starts telling it: no timer after that
         self._timer: threading.Timer | None = None
@@ -109,7 +113,7 @@ class CapTimer:
         self._timer.start()
 
     def _fire(self) -> None:
-        if self._firing:
+        if self._firing or (self.reached_end is not None and self.reached_end()):
             return
         self._firing = True
         self.logger.warning("budget: the money left covers only the stop itself; stopping job %s now", self.job_id)
@@ -180,33 +184,38 @@ def outcome(config: RunConfig, store: Store, status: JobStatus, earlier: list[At
     """How the job ended. A job that finished training succeeded, whatever stop came after it."""
     run_id = config.run_name
     finished = status.state is JobState.SUCCEEDED and finished_since(store, run_id, since_unix)
+    # a job whose records say it reached its end (the run's, or its rung) did its work, whatever stop came after
+    done = finished or reached_end(read_metrics(store, run_id, since_unix=since_unix), config.train.stop_at_epoch)
     try:
-        summary = read_summary(store, run_id) if finished or status.state is JobState.SUCCEEDED else None
+        summary = read_summary(store, run_id) if done or status.state is JobState.SUCCEEDED else None
     except ValueError:  # a summary.json that does not parse: the run is reported without it
         summary = None
     saved = checkpoints.committed(store, run_id)
     step = saved[-1].step if saved else None
     spent = spend_usd(earlier + status.attempts)
-    given_up = None if finished else exits.given_up(store, run_id, status.job_id)  # SkyPilot saw exit 0 for it
-    if finished:
-        end, message = "succeeded", "training finished"
+    def said(kind: str, detail: str) -> str:
+        return ends.sentence(kind, run_id, spent, config.budget.max_usd, detail, step)
+
+    stop = config.train.stop_at_epoch  # a search's rung: the job ends where it is told to, checkpoint kept
+    trained = ("training finished" if stop is None or finished else
+               f"trained to epoch {stop} (train.stop_at_epoch); the run continues from there")
+    given_up = None if done else exits.given_up(store, run_id, status.job_id)  # SkyPilot saw exit 0 for it
+    if done:
+        end, message = "succeeded", trained
     elif given_up is not None:
-        end, message = "failed", f"job {status.job_id} failed and was not restarted: {given_up}"
+        end, message = "failed", said("failed", f"job {status.job_id} failed and was not restarted: {given_up}; "
+                                                f"{ends.kept(run_id, step)}")
     elif stopped_at_cap or job_ended_at_cap(store, run_id, status.job_id) is not None:
-        kept = (f"its checkpoint at step {step} is kept" if step is not None else
-                "no checkpoint was written: the budget ran out before the first one")
-        end, message = "budget", (
-            f"run {run_id} stopped at its budget cap: spent ${spent:.4f} of budget.max_usd "
-            f"${config.budget.max_usd:g}; {kept}. Run it again with a larger budget.max_usd to "
-            f"{'finish from there' if step is not None else 'train it'}.")
+        end, message = "budget", said("budget", ends.kept(run_id, step) if step is not None else
+                                      "it wrote no checkpoint: the budget ran out before the first one")
     elif status.state is JobState.SUCCEEDED:
-        stop = config.train.stop_at_epoch  # a search's rung: the job ended where it was told to, checkpoint kept
-        end, message = "succeeded", ("training finished" if stop is None else
-                                     f"trained to epoch {stop} (train.stop_at_epoch); the run continues from there")
+        end, message = "succeeded", trained
     elif status.state is JobState.CANCELLED:
-        end, message = "cancelled", f"job {status.job_id} was cancelled: {status.message}"
+        end, message = "cancelled", said("cancelled", f"job {status.job_id} was stopped ({status.message}); "
+                                                      f"{ends.kept(run_id, step)}")
     else:
-        end, message = "failed", f"job {status.job_id} ended {status.state.value}: {status.message}"
+        end, message = "failed", said("failed", f"job {status.job_id} ended {status.state.value}: {status.message}; "
+                                                f"{ends.kept(run_id, step)}")
     return JobOutcome(job_id=status.job_id, state=status.state.value, end=end, message=message,
                       attempts=status.attempts, summary=summary if end == "succeeded" else None,
                       checkpoint_step=step, run_spend_usd=round(spent, 6), reattached=reattached)
@@ -265,8 +274,14 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
     recorded: list[Attempt] | None = None
     last_logged: tuple | None = None
     stopped_at_cap = False
+    ended_at: float | None = None  # when the job's records said it reached its end
+    steps_pct = 0.0  # what the steps card shows
+    reprojected = False
     margin = stop_margin_s(config)
-    timer = CapTimer(launcher, job_id, margin, logger)
+    def ended() -> bool:  # asked again the moment the cap would stop the job: it may have just finished
+        return reached_end(read_metrics(store, run_id, since_unix=since), config.train.stop_at_epoch)
+
+    timer = CapTimer(launcher, job_id, margin, logger, ended)
     planned_burn = guard.estimate.usd_per_hour if guard.estimate else 0.0
     try:
         while True:
@@ -285,8 +300,24 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
                 continue
             records = read_metrics(store, run_id, since_unix=since)
             said.metrics(records)
+            if reached_end(records, config.train.stop_at_epoch):  # its work is saved: it is exiting, never stopped
+                timer.disarm()  # for money (the node meters the seconds it takes; a hung exit is cut off)
+                ended_at = ended_at or time.time()
+                if time.time() - ended_at > margin + END_EXIT_S:
+                    logger.warning("job %s reached its end %.0f s ago and has not exited; stopping it", job_id,
+                                   time.time() - ended_at)
+                    launcher.cancel(job_id, deadline_s=margin)
+                    status = _wait_terminal(launcher, job_id, margin + 10.0)
+                    break
+                timer.fired.wait(poll_s)
+                continue
             progress = latest_progress(records)
-            snap, exceeded = guard.check(earlier + status.attempts, progress)
+            snap, exceeded = guard.check(earlier + status.attempts, progress, ended)
+            if snap.measured and not reprojected:  # the first look with the job's own speed: said once
+                reprojected = True
+                logger.info("re-projected from this job's own measured steps: $%.5f for the run (the estimate before "
+                            "launch said %s)", snap.projected_usd,
+                            f"${guard.estimate.usd:.5f} for what was left" if guard.estimate else "nothing")
             timer.arm(snap.spend_usd, max(snap.burn_usd_per_hour, planned_burn), config.budget.max_usd)
             step, total = progress.get("step"), progress.get("total_steps")
             shown = (status.state, len(status.attempts), step)
@@ -301,8 +332,8 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
                 shown_progress = money
                 where = f"step {step} of {total}" if step is not None else "starting"
                 steps_note, money_note = progress_notes(where, snap.spend_usd, config.budget.max_usd)
-                update_progress_artifact(progress_id, 100.0 * step / total if step is not None and total else 0.0,
-                                         description=steps_note)
+                steps_pct = 100.0 * step / total if step is not None and total else 0.0
+                update_progress_artifact(progress_id, steps_pct, description=steps_note)
                 update_progress_artifact(budget_id, min(100.0, 100.0 * snap.fraction), description=money_note)
             asked = _stop_requested(run_id)
             if asked is not None:
@@ -337,12 +368,12 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
     said.attempts(status.attempts)
     said.metrics(read_metrics(store, run_id, since_unix=since))
     result = outcome(config, store, status, earlier, since, stopped_at_cap, reattached)
-    final_spend = result.run_spend_usd
+    final_spend = result.run_spend_usd  # both cards end on the run's spend, the ledger's figure
+    steps_note, money_note = progress_notes(result.end, final_spend, config.budget.max_usd)
     update_progress_artifact(budget_id, min(100.0, 100.0 * final_spend / config.budget.max_usd),
-                             description=progress_notes(result.end, final_spend, config.budget.max_usd)[1])
+                             description=money_note)
+    update_progress_artifact(progress_id, 100.0 if result.end == "succeeded" else steps_pct, description=steps_note)
     if result.end == "budget":
         guard.stopped(result.message, {"run_id": run_id, "job_id": job_id, "spend_usd": result.run_spend_usd,
                                        "max_usd": config.budget.max_usd, "checkpoint_step": result.checkpoint_step})
-    if result.end == "succeeded":
-        update_progress_artifact(progress_id, 100.0)
     return result

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import MarkdownArtifact, TableArtifact, create_markdown_artifact, create_table_artifact
 
 from thrifty.report import chart
+from thrifty.report import ends
+from thrifty.report import figures as figures_text
 from thrifty.report.reuse import export_text, warm_start_text
+from thrifty.money.budget import spend_usd
 from thrifty.money import savings
 from thrifty.money.estimate import Estimate
 from thrifty.config import RunConfig
 from thrifty.results import JobOutcome, PrepResult, SmokeResult
 from thrifty.money.savings import SavingsReport
 from thrifty.money.ledger import Attempt, read_attempts
-from thrifty.runs import read_metrics
+from thrifty.runs import checkpoints, read_metrics
 from thrifty.spot.deadline_run import deadline_moves, describe, market_split, read_record
 from thrifty.storage import open_store
 
@@ -56,31 +60,41 @@ def _metric(v: float | None) -> str:
     return "-" if v is None else f"{v:.4f}"
 
 
-def render_summary(run_id: str, prep: PrepResult, smoke: SmokeResult, estimate: Estimate, job: JobOutcome,
-                   figures: SavingsReport, attempts: list[Attempt], extra: list[tuple[str, str]] = ()) -> str:
-    """The run's summary, savings and assumptions; ``attempts`` are the whole run's (every job, resumes included);
-    ``extra`` rows follow the attempts (the deadline's)."""
-    summary = job.summary
+def render_summary(run_id: str, prep: PrepResult | None, smoke: SmokeResult | None, estimate: Estimate | None,
+                   job: JobOutcome | None, figures: SavingsReport, attempts: list[Attempt], end: str = "",
+                   extra: list[tuple[str, str]] = ()) -> str:
+    """The run's end, summary, savings and assumptions; ``attempts`` are the whole run's (every job, resumes
+    included); ``extra`` rows follow the attempts (the deadline's). The steps it did not reach (an end before the
+    launch) are left out."""
+    summary = job.summary if job else None
     best = summary.best_metric if summary else None
     final = summary.final_metrics if summary else {}
     preemptions = sum(1 for a in attempts if a.end_reason == "preempted")
     jobs = len(dict.fromkeys(a.job_id for a in attempts))
-    rows = [
-        ("preprocessing cache", f"none ({prep.note})" if prep.note else
-         f"{'hit' if prep.hit else 'miss'} ({prep.seconds:.1f} s, key `{prep.key[:12]}`)"),
-        *([("deduplication", prep.dedup)] if prep.dedup else []),
-        *([("weights from", warm_start_text(summary.init_from))] if summary and summary.init_from else []),
-        *([("half-precision export", export_text(summary.half_export))] if summary and summary.half_export else []),
-        ("smoke test", f"passed: {smoke.steps} steps on CPU, "
-                       + ("saved and resumed" if prep.note else smoke.precision_checked)
-                       + f", {smoke.cpu_step_time_s:.4f} s/step"),
-        ("estimate before launch", f"${usd(estimate.usd)} (see the assumptions below)"),
-        *([("hardware", estimate.choice)] if estimate.choice else []),
-        ("job", f"`{job.job_id}` {job.state.lower()}: {job.message}"),
-        ("attempts", f"{len(attempts)} in {jobs} job(s), {preemptions} preemption(s) survived"
-                     + (f", {summary.resumes} resume(s)" if summary else "")),
-        *extra,
-    ]
+    rows = []
+    if prep is not None:
+        rows.append(("preprocessing cache", f"none ({prep.note})" if prep.note else
+                     f"{'hit' if prep.hit else 'miss'} ({prep.seconds:.1f} s, key `{prep.key[:12]}`)"))
+        if prep.dedup:
+            rows.append(("deduplication", prep.dedup))
+    if summary and summary.init_from:
+        rows.append(("weights from", warm_start_text(summary.init_from)))
+    if summary and summary.half_export:
+        rows.append(("half-precision export", export_text(summary.half_export)))
+    if smoke is not None:
+        rows.append(("smoke test", f"passed: {smoke.steps} steps on CPU, "
+                     + ("saved and resumed" if prep is not None and prep.note else smoke.precision_checked)
+                     + f", {smoke.cpu_step_time_s:.4f} s/step"))
+    if estimate is not None:
+        rows.append(("estimate before launch", f"${usd(estimate.usd)} (range ${usd(estimate.low_usd)}-"
+                     f"${usd(estimate.high_usd)}; see the assumptions below)"))
+        if estimate.choice:
+            rows.append(("hardware", estimate.choice))
+    if job is not None:
+        rows.append(("job", f"`{job.job_id}` {job.state.lower()}"))
+    rows.append(("attempts", f"{len(attempts)} in {jobs} job(s), {preemptions} preemption(s) survived"
+                 + (f", {summary.resumes} resume(s)" if summary else "")))
+    rows += list(extra)
     if summary:
         rows += [
             ("steps", f"{summary.steps} of {summary.total_steps} ({summary.epochs:g} epochs)"),
@@ -93,27 +107,30 @@ def render_summary(run_id: str, prep: PrepResult, smoke: SmokeResult, estimate: 
             ("weights sha256", f"`{summary.weights_sha256[:16]}…`" if summary.weights_sha256 else "-"),
         ]
     rows.append(("cost", f"${usd(figures.actual_usd)} (on-demand: ${usd(figures.on_demand_usd)})"))
+    early = figures_text.early_stop_line(figures)
     lines = [
         f"# Run `{run_id}`",
         "",
+        *([end, ""] if end else []),
         "| item | value |",  # a header row with words: an empty one draws a blank bar in the UI
         "|---|---|",
         *[f"| {k} | {v} |" for k, v in rows],
         "",
         "## Savings",
         "",
-        f"Actual **${usd(figures.actual_usd)}** against **${usd(figures.naive_usd)}** the naive way: "
+        f"Actual **${usd(figures.actual_usd)}** against **${usd(figures.naive_usd)}** for {figures_text.NAIVE}: "
         f"saved ${usd(figures.saved_usd)} ({figures.saved_fraction:.0%}).",
         "",
-        "| lever | saved $ |",
-        "|---|---:|",
-        *[f"| {k.replace('_', ' ')} | {usd(v)} |" for k, v in figures.levers_usd.items()],
+        "| lever | saved $ | how it was priced |",
+        "|---|---:|---|",
+        *[f"| {k.replace('_', ' ')} | {usd(v)} | {basis} |" for k, v, basis in figures_text.lever_rows(figures)],
         f"| preemption waste ({figures.preemption_waste.steps} steps recomputed) | "
-        f"{usd(-figures.preemption_waste.usd)} |",
+        f"{usd(-figures.preemption_waste.usd)} | measured: the steps trained twice, at the run's rate |",
         "",
+        *([f"Early stopping (not in the figures above): {early}.", ""] if early else []),
         "Assumptions:",
         "",
-        f"- estimate before launch: {estimate.assumption}",
+        *([f"- estimate before launch: {estimate.summary()}"] if estimate is not None else []),
         *[f"- {a}" for a in figures.assumptions],
         "",
     ]
@@ -143,27 +160,109 @@ def attempt_rows(attempts: list[Attempt]) -> list[dict[str, Any]]:
 def savings_rows(all_figures: list[SavingsReport]) -> list[dict[str, Any]]:
     """The cross-run table, narrow enough for the UI: the levers are in each run's summary."""
     return [{"run": f.run_id, "state": f.state, "spent $": round(f.actual_usd, 5), "naive $": round(f.naive_usd, 5),
-             "saved": f"{f.saved_fraction:.0%}", "attempts": f.attempts} for f in all_figures]
+             "saved": f"{f.saved_fraction:.0%}", "attempts": f.attempts,
+             "assumed": figures_text.assumed_note(f) or "-"} for f in all_figures]
+
+
+_PUBLISHED: set[str] = set()  # flow runs of this process whose end is reported (the end hooks report the rest)
+
+
+def _flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id) if flow_run.id else None
+
+
+def is_published(flow_run_id: Any) -> bool:
+    """Whether this flow run's end has been reported already (by the flow itself)."""
+    return str(flow_run_id) in _PUBLISHED
+
+
+def end_kind(config: RunConfig, job: JobOutcome) -> str:
+    """The end (thrifty.report.ends) of a launched job."""
+    if job.end != "succeeded":
+        return job.end
+    if job.summary is not None:
+        return job.summary.status
+    return "rung" if config.train.stop_at_epoch is not None else "completed"
+
+
+def gold_of(summary: Any) -> str | None:
+    """Where a finished run's best weights are, and what they scored."""
+    best = summary.best_metric if summary is not None else None
+    if best is None or best.checkpoint_step is None or best.value is None:
+        return None
+    return (f"runs/{summary.run_id}/ckpt/step-{best.checkpoint_step:09d}/ ({best.name} {best.value:.5g} at step "
+            f"{best.step})")
+
+
+def _artifact(kind: str, content: Any, key: str, description: str, flow_run_id: Any = None) -> None:
+    """A markdown or table artifact of this flow run; from a hook (no run context) linked to ``flow_run_id``."""
+    if flow_run_id is None:
+        (create_markdown_artifact if kind == "markdown" else create_table_artifact)(content, key=key,
+                                                                                   description=description)
+        return
+    made = (MarkdownArtifact(markdown=content, key=key, description=description, flow_run_id=flow_run_id)
+            if kind == "markdown" else
+            TableArtifact(table=content, key=key, description=description, flow_run_id=flow_run_id))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # "outside of a flow run": it names its flow run itself
+        made.create()
+
+
+def publish(config: RunConfig, kind: str, message: str = "", job: JobOutcome | None = None,
+            prep: PrepResult | None = None, smoke: SmokeResult | None = None,
+            estimate: Estimate | None = None, write: bool = True,
+            flow_run_id: Any = None) -> tuple[str, SavingsReport | None]:
+    """Report an end, however the run got there: ``savings.json`` (when the run has a ledger, and ``write``: an end
+    before any launch leaves the figures of the run's last job), the summary artifact opening with the end's
+    sentence, the attempts and the cross-run table. Returns the sentence and the figures."""
+    run_id = config.run_name
+    store = open_store(config.store)
+    attempts = read_attempts(store, run_id)  # every job of this run: a resumed run's earlier spend counts
+    spent = spend_usd(attempts)
+    summary = job.summary if job is not None else None
+    figures = None
+    if attempts:
+        metrics = read_metrics(store, run_id)
+        figures = savings.breakdown(run_id, attempts, summary, bool(prep and prep.hit),
+                                    prep.cold_seconds if prep else 0.0, metrics, kind)
+    if kind in ("completed", "stopped_early", "rung") or not ends.says_itself(message, run_id):
+        step = job.checkpoint_step if job is not None else None
+        detail = message if kind in ("bad_input", "failed", "cancelled", "crashed") else ""
+        if kind in ("completed", "stopped_early", "rung") and figures is not None:
+            detail = "; ".join(x for x in (f"saved ${figures.saved_usd:.5f} ({figures.saved_fraction:.0%}) against "
+                                           f"{figures_text.NAIVE}", figures_text.early_stop_line(figures)) if x)
+        if step is None and attempts:
+            saved = checkpoints.committed(store, run_id)
+            step = saved[-1].step if saved else None
+        message = ends.sentence(kind, run_id, spent, config.budget.max_usd, detail, step, gold_of(summary),
+                                launched=write and bool(attempts))
+    if figures is not None:
+        figures = figures.model_copy(update={"end": message})
+        if write:
+            savings.write(store, figures)
+        curve = loss_and_spend_chart(metrics, attempts, config.budget.max_usd)
+        markdown = (render_summary(run_id, prep, smoke, estimate, job, figures, attempts, message,
+                                   deadline_rows(config, attempts))
+                    + "## Loss and spend\n\n" + curve)
+    else:
+        markdown = f"# Run `{run_id}`\n\n{message}\n"
+    _artifact("markdown", markdown, artifact_key(run_id, "summary"), f"Thrifty run {run_id}", flow_run_id)
+    if attempts:
+        _artifact("table", attempt_rows(attempts), artifact_key(run_id, "attempts"),
+                  f"Attempts of run {run_id}: every job's, resumes included", flow_run_id)
+        _artifact("table", savings_rows(savings.read_all(store)), SAVINGS_TABLE_KEY,
+                  f"Savings of every Thrifty run in {store.uri}", flow_run_id)
+    if (me := flow_run_id or _flow_run_id()) is not None:
+        _PUBLISHED.add(str(me))
+    return message, figures
 
 
 @task(name="report", retries=0)
 def report(config: RunConfig, prep: PrepResult, smoke: SmokeResult, estimate: Estimate,
            job: JobOutcome) -> SavingsReport:
     """Artifacts for the run and the cross-run savings table; returns the savings figures."""
-    run_id = config.run_name
-    store = open_store(config.store)
-    metrics = read_metrics(store, run_id)
-    attempts = read_attempts(store, run_id)  # every job of this run: a resumed run's earlier spend counts
-    state = job.summary.status if job.end == "succeeded" and job.summary else job.end
-    figures = savings.breakdown(run_id, attempts, job.summary, prep.hit, prep.cold_seconds, metrics, state)
-    savings.write(store, figures)
-
-    curve = loss_and_spend_chart(metrics, attempts, config.budget.max_usd)
-    markdown = (render_summary(run_id, prep, smoke, estimate, job, figures, attempts, deadline_rows(config, attempts))
-                + "## Loss and spend\n\n" + curve)
-    create_markdown_artifact(markdown, key=artifact_key(run_id, "summary"), description=f"Thrifty run {run_id}")
-    create_table_artifact(attempt_rows(attempts), key=artifact_key(run_id, "attempts"),
-                          description=f"Attempts of run {run_id}: every job's, resumes included")
-    create_table_artifact(savings_rows(savings.read_all(store)), key=SAVINGS_TABLE_KEY,
-                          description=f"Savings of every Thrifty run in {store.uri}")
+    _, figures = publish(config, end_kind(config, job), job.message, job, prep, smoke, estimate)
+    assert figures is not None  # a launched job has a ledger row
     return figures

@@ -12,7 +12,7 @@ from training.smoke import smoke_test
 
 @task(name="smoke-test", retries=0)
 @fails_quietly
-def smoke(config: RunConfig, steps: int = 3) -> SmokeResult:
+def smoke(config: RunConfig, steps: int = 5) -> SmokeResult:
     """A few real optimizer steps, an autocast forward and a checkpoint round trip of the real model (script mode:
     the command with a small step limit, saved and resumed)."""
     result = smoke_test(config, steps=steps)

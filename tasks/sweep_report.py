@@ -10,21 +10,26 @@ from thrifty import archive
 from thrifty.runs import checkpoints
 from thrifty.report.chart import markdown_image, spend_at
 from thrifty.money.ledger import read_attempts
-from thrifty.runs import read_metrics, read_summary
+from thrifty.runs import read_metrics
 from thrifty.storage import Store, open_store
-from thrifty.sweep import SweepConfig, SweepState, TrialState
+from thrifty.sweep import SweepConfig, SweepState, TrialState, leader
+from thrifty.sweep.state import rung_step
 from thrifty.sweep.report import ChartPoint, SweepResult, leaderboard, saving, svg
 
 
+def gold_step(store: Store, config: SweepConfig, best: TrialState) -> int | None:
+    """The step of the weights that scored ``best``'s reported metric: its finished run's best (or final) checkpoint,
+    else the checkpoint its job wrote at the milestone it reached."""
+    if best.status == "finished":
+        return best.result_step
+    return rung_step(read_metrics(store, best.run_name), best.reached)
+
+
 def mark_gold(store: Store, config: SweepConfig, best: TrialState) -> str | None:
-    """Mark the winner's best checkpoint gold in ``archive-policy.json`` (what `thrifty archive gold` writes)."""
-    summary = read_summary(store, best.run_name)
-    step = summary.best_metric.checkpoint_step if summary is not None else None
-    if step is None:  # not trained to its end (the caps stopped it): its best checkpoint so far
-        saved = checkpoints.committed(store, best.run_name)
-        pick = checkpoints.best(saved, config.rank_mode) or (saved[-1] if saved else None)
-        step = pick.step if pick else None
-    if step is None:
+    """Mark the weights that scored the winner's metric gold in ``archive-policy.json`` (what `thrifty archive gold`
+    writes); None when no committed checkpoint holds them."""
+    step = gold_step(store, config, best)
+    if step is None or step not in {c.step for c in checkpoints.committed(store, best.run_name)}:
         return None
     prefix = archive.mark_prefix(checkpoints.step_prefix(best.run_name, step))
     policy = archive.Policy.load(store)
@@ -42,13 +47,23 @@ def chart_points(store: Store, config: SweepConfig, trials: list[TrialState]) ->
         if t.run_name not in ledgers:
             continue
         for rec in read_metrics(store, t.run_name):
-            epochs = rec.get("epoch") if rec.get("event") == "rung" else t.reached if rec.get("event") == "end" else None
-            value = t.score(epochs) if epochs else None
+            event = rec.get("event")
+            epochs = rec.get("epoch") if event == "rung" else t.reached if event == "end" else None
+            value = t.ranking_value() if event == "end" else t.score(epochs) if epochs else None
             if value is not None:
                 when = float(rec.get("time_unix", 0.0))
                 points.append(ChartPoint(sum(spend_at(a, when) for a in ledgers.values()), value,
                                          f"{t.run_name} epoch {epochs}: {value:.4f}"))
     return points
+
+
+def no_best(trials: list[TrialState], mode: str, metric: str) -> str:
+    ahead = leader(trials, mode)
+    if ahead is None:
+        return "**Best**: none (no trial reached a milestone)"
+    return (f"**Best**: none: no trial trained to its end. {ahead.run_name} {ahead.values} leads at epoch "
+            f"{ahead.reached} ({metric} {ahead.ranking_value():.5f}); start the search again with larger caps "
+            "to train it on.")
 
 
 @task(name="sweep-report", retries=0)
@@ -62,11 +77,11 @@ def sweep_report(config: SweepConfig, state: SweepState, gold: str | None) -> Sw
     create_table_artifact(rows, key=artifact_key(config.name, "sweep"),
                           description=f"Sweep {config.name}: trials by rung reached and {metric}")
     lines = [f"# Sweep {config.name}", "",
-             f"**Best**: {best.run_name} {best.values}: {metric} {best.score(best.reached):.5f} at epoch "
-             f"{best.reached}; gold weights `{gold}`" if best else "**Best**: none (no trial reached a milestone)", "",
-             f"Spent ${usd(money.spent_usd)} of the ${config.max_usd:g} cap on {money.trials} trial(s); training "
-             f"each of them to {config.full_epochs} epochs would have cost ~${usd(money.full_usd)}: the search saved "
-             f"{money.saved_fraction:.0%}.", "",
+             f"**Best**: {best.run_name} {best.values}: {metric} {best.ranking_value():.5f} (trained to its "
+             f"end, epoch {best.reached}); gold weights `{gold}`" if best else no_best(trials, mode, metric), "",
+             f"Spent ${usd(money.spent_usd)} of the ${config.max_usd:g} cap; training all {money.trials} trials it "
+             f"drew (paused, refused and never run ones too) to {config.full_epochs} epochs would have cost "
+             f"~${usd(money.full_usd)}: the search saved {money.saved_fraction:.0%}.", "",
              markdown_image(svg(chart_points(store, config, trials), mode, metric, config.max_usd),
                             f"{metric} against the search's spend"), "",
              "| trial | values | epochs | " + metric + " | cost $ | state | note |", "|---|---|---:|---:|---:|---|---|"]
@@ -77,7 +92,7 @@ def sweep_report(config: SweepConfig, state: SweepState, gold: str | None) -> Sw
     create_markdown_artifact("\n".join(lines) + "\n", key=artifact_key(config.name, "sweep-summary"),
                              description=f"Sweep {config.name}: the best config, spend, saving, chart")
     return SweepResult(name=config.name, metric=metric, mode=mode, best_run=best.run_name if best else None,
-                       best_values=best.values if best else {}, best_value=best.score(best.reached) if best else None,
+                       best_values=best.values if best else {}, best_value=best.ranking_value() if best else None,
                        best_epochs=best.reached if best else 0,
                        best_config=config.trial(best.index).model_dump(mode="json") if best else None, gold=gold,
                        spent_usd=money.spent_usd, max_usd=config.max_usd, full_usd=money.full_usd,

@@ -212,3 +212,35 @@ def last_token_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> S
 def texts() -> Recipe:
     return Recipe(name="custom-texts", params_model=DigitsParams, fingerprint_raw=fingerprint_raw,
                   preprocess=token_texts, build_model=bag_of_tokens, step=last_token_step)
+
+
+def one_cycle(optimizer: torch.optim.Optimizer, tc, total_steps: int):
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=tc.lr, total_steps=total_steps)
+
+
+def onecycle() -> Recipe:
+    """An own recipe as a user ports one: SGD with parameter groups, OneCycleLR, its own metric (``val_hit``)."""
+    return Recipe(name="custom-onecycle", params_model=DigitsParams, fingerprint_raw=fingerprint_raw,
+                  preprocess=digits_preprocess, build_model=build_model, step=step,
+                  metrics={"hit": Ratio("correct")}, optimizer=sgd, scheduler=one_cycle)
+
+
+class _Breaks(Exception):
+    pass
+
+
+_STEPS = {"n": 0}
+
+
+def breaking_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], mode: str) -> StepOutput:
+    """digits' step that raises at the 10th training step of a process: past the smoke test's few, so the launched
+    job fails (a bug that shows only in a long run)."""
+    if mode == "train":
+        _STEPS["n"] += 1
+        if _STEPS["n"] >= 10:
+            raise _Breaks("the data loader hit a corrupt record at step 10")
+    return step(model, batch, mode)
+
+
+def breaks_in_training() -> Recipe:
+    return dataclasses.replace(onecycle(), name="custom-breaks", step=breaking_step)

@@ -90,11 +90,12 @@ def test_projection_uses_the_estimate_until_throughput_is_measured():
 
 
 def test_gate_refuses_an_over_budget_plan_and_says_what_to_change():
-    est = estimate_run(1_000_000, 0.001, 32, usd_per_hour=1.0, nodes=1, accelerator="A10G:1", launcher="skypilot")
-    assert est.hours > 0 and "16x per A10G" in est.assumption
+    est = estimate_run(10_000_000, 0.001, 32, usd_per_hour=1.0, nodes=1, accelerator="A10G:1", launcher="skypilot")
+    assert est.hours > 0 and "16x per A10G" in est.assumption and est.basis == "scaled"
     with pytest.raises(OverBudgetPlan) as err:
         gate(est, 0.5, False, 250.0, "auto")
-    for hint in ("estimated cost", "budget.max_usd", "train.max_epochs", "allow_over_budget", "held back"):
+    for hint in ("even the low end of the estimate", "budget.max_usd", "train.max_epochs", "allow_over_budget",
+                 "held back", est.summary()):
         assert hint in str(err.value)
     gate(est, 0.5, True, 250.0, "auto")  # the user's override: the cap still stops it
 
@@ -279,7 +280,8 @@ def test_one_alert_per_threshold_crossed(webhook, tmp_path):
     assert sum("4% of its $1 budget" in m for m in got) == 1
     assert sum("above the $10/hour alert level" in m for m in got) == 1
     assert sum("starting: budget $1" in m for m in got) == 1, "on_running hook"
-    assert sum("alerts completed: spent $" in m and "saved $" in m for m in got) == 1, "on_completion hook"
+    assert sum(("alerts completed: spent $" in m or "alerts stopped early: spent $" in m) and "saved $" in m
+               for m in got) == 1, "on_completion hook"
     alerts = json.loads((tmp_path / "store" / "runs" / "alerts" / "budget-alerts.json").read_text())
     assert len(alerts["fired"]) == 2
 
@@ -408,6 +410,8 @@ def test_automations_file_loads_on_a_real_server(webhook):
             names = await install(client, notify_block="custom-webhook/thrifty-test")
             again = await install(client, notify_block="custom-webhook/thrifty-test")  # idempotent
             stored = {a.name: a for a in await client.read_automations()}
+            for automation in stored.values():  # the session's server runs every later test's flows: left active,
+                await client.delete_automation(automation.id)  # they would act on them (a webhook gone, cancels)
             return names, again, stored
 
     names, again, stored = asyncio.run(go())
@@ -418,6 +422,11 @@ def test_automations_file_loads_on_a_real_server(webhook):
     assert backstop.expect == {"thrifty.budget.stopped"} and backstop.within.total_seconds() >= 300
     assert stored["thrifty-budget-backstop"].actions[0].type == "cancel-flow-run"
     assert stored["thrifty-run-failed"].actions[0].type == "send-notification"
+    alert = stored["thrifty-run-failed"].trigger  # every end that is not Completed, of a run, a search or a pass
+    assert {f"prefect.flow-run.{s}" for s in ("Failed", "Crashed", "StoppedAtCap", "BadInput", "Cancelled")} \
+        == alert.expect
+    assert set(alert.match_related["prefect.resource.name"]) == {"thrifty-train", "thrifty-sweep", "thrifty-archive"}
+    assert "flow_run.state.message" in stored["thrifty-run-failed"].actions[0].body  # names the run: its sentence
     assert len([a for a in stored.values() if a.name == "thrifty-budget-backstop"]) == 1
     # a run whose heartbeats stop is marked Crashed, never one that still beats: every deployment beats at least
     # three times within the window (prefect.yaml sets the beat; Prefect's own default, 180 s, would be too slow)

@@ -241,3 +241,57 @@ def test_a_deployed_run_stopped_at_its_cap_ends_failed_with_its_report(deployed,
     report = savings.read(s, run_name)
     assert report is not None and report.state == "budget"
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_run_cancelled_from_the_ui_stops_its_job_and_leaves_its_report(deployed, worker, tmp_path):
+    """The UI's Cancel (the flow run set Cancelling): the job is stopped with a checkpoint first, the run ends
+    Cancelled with its own sentence (spend, checkpoint, what next; never 'cancelling'), and its summary, attempts
+    and savings are written as for any other end; no crash, no 'Finished in state Running()'."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.states import Cancelling
+
+    from thrifty.money import savings
+    from thrifty.money.budget import spend_usd
+    from thrifty.runs.checkpoints import committed
+
+    run_name, store = f"cancel-{uuid.uuid4().hex[:8]}", tmp_path / "store"
+    config = {"run_name": run_name, "recipe": "digits", "store": str(store),
+              "train": {"max_epochs": 2000, "micro_batch": 32, "precision": "fp32", "checkpoint_every": 10,
+                        "early_stopping": {"enabled": False}},
+              "budget": {"max_usd": 5.0}}
+    out = deployed.run(str(BIN / "prefect"), "deployment", "run", "thrifty-train/train",
+                       "--param", f"config={json.dumps(config)}", "--param", "poll_s=0.5")
+    assert out.returncode == 0, f"prefect deployment run failed:\n{out.stdout}\n{out.stderr}"
+    flow_run_id = re.search(r"UUID: ([0-9a-f\-]{36})", out.stdout).group(1)
+    s = open_store(str(store))
+    deadline = time.monotonic() + 240
+    while not committed(s, run_name):  # training, with a checkpoint to keep
+        assert time.monotonic() < deadline, f"no checkpoint yet:\n{tail(deployed.home / 'worker.log')}"
+        assert worker.poll() is None, tail(deployed.home / "worker.log")
+        time.sleep(0.5)
+    with deployed.client() as client:
+        client.set_flow_run_state(flow_run_id, Cancelling(), force=True)  # what the UI's Cancel button sends
+    deadline = time.monotonic() + 240
+    with deployed.client() as client:
+        while not ((flow_run := client.read_flow_run(flow_run_id)).state and flow_run.state.is_final()):
+            assert time.monotonic() < deadline, f"still {flow_run.state_name}:\n{tail(deployed.home / 'worker.log')}"
+            time.sleep(0.5)
+        artifacts = {a.key for a in client.read_artifacts(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[flow_run.id]))) if a.key}
+    log = tail(deployed.home / "worker.log", 200_000)
+    message = flow_run.state.message or ""
+    assert flow_run.state_name == "Cancelled", f"{flow_run.state_name}: {message}\n{log[-4000:]}"
+    assert message.startswith(f"run {run_name} was cancelled: spent $") and "cancelling" not in message.lower()
+    assert "its checkpoint at step" in message and "Next: Run it again with the same run_name" in message
+    attempts = read_attempts(s, run_name)
+    assert attempts and all(a.ended_unix is not None for a in attempts), "the job was stopped, its ledger closed"
+    spent = spend_usd(attempts)
+    assert f"spent ${spent:.5f}" in message
+    figures = savings.read(s, run_name)
+    assert figures is not None and figures.state == "cancelled" and figures.end == message
+    key = re.sub(r"[^a-z0-9-]+", "-", run_name)
+    assert {f"thrifty-summary-{key}", f"thrifty-attempts-{key}", "thrifty-savings"} <= artifacts, artifacts
+    mine = [line for line in log.splitlines() if run_name in line or flow_run_id in line]
+    assert not [line for line in mine if "Finished in state Running()" in line or "Crash detected" in line], mine

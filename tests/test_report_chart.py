@@ -46,13 +46,18 @@ def test_chart_is_an_svg_image_with_both_lines_and_the_resume():
     src = re.search(r"!\[loss and spend over time\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", md).group(1)
     svg = ET.fromstring(base64.b64decode(src))  # well-formed XML, or the browser draws nothing
     lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
-    assert len(lines) == 2 and all(len(line.get("points").split()) == 10 for line in lines)
+    # ten logged steps, and the run's end: the spend line closes at what the ledger says the run spent
+    assert len(lines) == 2 and all(len(line.get("points").split()) == 11 for line in lines)
     assert b"resumed" in base64.b64decode(src)
     assert "Loss 2.950 → 1.500 over 50 steps" in md
     table = [line for line in md.splitlines() if re.match(r"\| [0-9.]+ \| \d+ \|", line)]
-    assert [int(line.split("|")[2]) for line in table] == [5, 20, 35, 50]
-    # spend is cumulative over both attempts: 40 s of attempt 1 and 40 s of attempt 2 at $3.6/h by step 50
-    assert table[-1].endswith(f"| {usd(80 * 3.6 / 3600)} |")
+    assert [int(line.split("|")[2]) for line in table] == [5, 20, 40, 50]
+    # spend is cumulative over both attempts: 40 s of attempt 1 and 50 s of attempt 2 at $3.6/h by the run's end
+    # (its last logged step came 10 s before that)
+    ledger = sum(a.cost_usd() for a in attempts)
+    assert ledger == 90 * 3.6 / 3600 and table[-1].endswith(f"| {usd(ledger)} |")
+    assert f"spend ${usd(ledger)} of the $1 budget" in md
+    assert f"spend {chart.fmt_usd(ledger)} of" in base64.b64decode(src).decode()
 
 
 def test_money_never_prints_minus_zero_and_attempt_rows_are_narrow():

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import REPO, python_env
 from thrifty.config import ConfigError, build_config
-from thrifty.sweep import SweepConfig, TrialState, best_trial, build_sweep, next_job, settle
+from thrifty.sweep import SweepConfig, TrialState, best_trial, build_sweep, leader, next_job, settle
 from thrifty.sweep.caps import Need, committed_usd, need_for, refusal
 
 BASE = {"recipe": "digits", "train": {"max_epochs": 9}}
@@ -163,7 +163,10 @@ def test_a_killed_job_resumes_first_and_failures_never_rank():
     ts[2].status, ts[2].reached, ts[2].target = "paused", 1, 3  # was training to epoch 3 when the search died
     ts[2].metrics[1] = 0.9
     assert next_job(ts, rungs, 3, "min") == (2, 3), "the interrupted job goes first, whatever its rank"
-    assert best_trial(ts, "min").index == 1
+    assert best_trial(ts, "min") is None, "none trained to its end: no best (the README's rule)"
+    assert leader(ts, "min").index == 1
+    ts[2].status, ts[2].reached, ts[2].metrics[9] = "finished", 9, 0.9
+    assert best_trial(ts, "min").index == 2, "only a trial trained to its end is the best, however t1 ranks"
 
 
 # ---------------------------------------------------------------- the caps
@@ -439,11 +442,12 @@ def test_killed_search_resumes_and_finds_the_known_answer(prefect_harness, e2e_s
 
 @pytest.mark.slow
 def test_a_cap_that_cannot_carry_every_trial_forces_pruning_and_holds(prefect_harness, e2e_store):
-    """$0.0016 covers two or three short jobs (each reserves its estimate x 1.5 plus 5 s to stop in): the rest
-    are refused with the reason, nothing is launched past the cap, and the spend stays under it."""
+    """$0.004 covers two or three short jobs (each reserves its estimate x 1.5 plus 5 s to stop in, and never less
+    than its first checkpoint at the estimate's high end): the rest are refused with the reason, nothing is
+    launched past the cap, and the spend stays under it."""
     from flows.sweep import sweep
 
-    cfg = digits_sweep(e2e_store, "tight", max_usd=0.0016)
+    cfg = digits_sweep(e2e_store, "tight", max_usd=0.004)
     out = sweep(cfg, poll_s=0.2)
     refused = [r for r in out.leaderboard if r["state"] == "out_of_budget"]
     assert refused and all("cannot cover" in r["note"] for r in refused)

@@ -86,12 +86,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     from thrifty.storage import open_store
 
     from thrifty.money.unwatched import settle_all
+    from thrifty.report import figures as figures_text
 
     cfg = resolved_config(args)
     store = open_store(cfg.store)
     for settled in settle_all(store, savings.billed_runs(store)):  # jobs that ended while no flow watched them
         print(settled.describe(), file=sys.stderr)
-    rows = savings.table(savings.read_all(store))
+    all_figures = savings.read_all(store)
+    rows = savings.table(all_figures)
     if not rows:
         print(f"no runs with spend in {cfg.store}", file=sys.stderr)
         return EXIT_OK
@@ -103,8 +105,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     total_actual = sum(r["actual_usd"] for r in rows)
     total_naive = sum(r["naive_usd"] for r in rows)
     Console(width=None if sys.stdout.isatty() else 200).print(table)  # piped or captured: no clipped figures
-    print(f"{len(rows)} run(s): spent ${total_actual:.4f}, the naive way ${total_naive:.4f}, "
+    print(f"{len(rows)} run(s): spent ${total_actual:.4f}, {figures_text.NAIVE} ${total_naive:.4f}, "
           f"saved ${total_naive - total_actual:.4f}")
+    notes: dict[str, list[str]] = {}
+    for f in all_figures:
+        for lever, why in figures_text.assumed(f).items():
+            notes.setdefault(f"{lever} assumed: {why}", []).append(f.run_id)
+    for note, runs in notes.items():
+        print(f"{note} (runs {', '.join(runs)})")
+    unspent = [(f.run_id, line) for f in all_figures if (line := figures_text.early_stop_line(f))]
+    for run_id, line in unspent:
+        print(f"{run_id}: {line} (not in the saving above)")
     return EXIT_OK
 
 
@@ -152,7 +163,6 @@ def cmd_prices(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Replay preemptions against the planned run: expected wall time, dollars, lost work per checkpoint interval."""
-    from pathlib import Path
 
     from thrifty.spot import simulate, simulate_inputs, simulate_report
 

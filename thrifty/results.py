@@ -45,7 +45,9 @@ class SmokeResult(_Result):
     recipe: str
     steps: int
     losses: list[float]
-    cpu_step_time_s: float
+    cpu_step_time_s: float  # the median step after the first (which pays for lazy initialisation)
+    cpu_eval_s: float = 0.0  # a whole evaluation of every eval split on CPU (0: not measured, e.g. script mode)
+    cpu_save_s: float = 0.0  # one checkpoint save on CPU
     examples_per_step: int | None  # None: a script that did not say (sess.describe); the gate then counts in its steps
     parameters: int | None  # None: a script that did not say
     precision_checked: str

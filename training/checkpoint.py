@@ -37,6 +37,8 @@ class CheckpointManager:
         self.prefix = layout.ckpt_prefix(run_id)
         self.keep_last = keep_last
         self.mode = mode  # how "best" is judged: min or max of the commit's metric
+        self.best_step: int | None = None  # the run's best evaluation, kept too (a script may have saved those weights
+        #                                    before it logged their evaluation: that COMMIT names no metric)
         self._index: list[CheckpointInfo] | None = None  # complete checkpoints, once listed
         self._swept = False  # torn leftovers below the newest checkpoint removed (once: this process tears none)
 
@@ -93,6 +95,8 @@ class CheckpointManager:
         best = self.best(infos)
         if best is not None:
             keep.add(best.step)
+        if self.best_step is not None:
+            keep.add(self.best_step)
         for c in infos:
             if c.step not in keep:
                 self._delete(c.prefix)

@@ -6,7 +6,8 @@ It resumes the fit from the run's newest complete checkpoint (Lightning's own re
 it, as it would from ``ckpt_path``) at the exact batch: a plain ``DataLoader`` is rebuilt as
 torchdata's ``StatefulDataLoader`` (``training.lightning_data``), and the RNG streams are set back as
 they were at the save. It saves Lightning's full checkpoint through the session on the run's
-cadence (``train.checkpoint_every``), logs the training loss and ``val*`` metrics, and on a stop
+cadence (``train.checkpoint_every``) and after a validation that is a new best (so the best metric's
+weights exist), logs the training loss and ``val*`` metrics, and on a stop
 request (spot notice, budget cap, early stopping, step limit) saves at once and stops the Trainer
 after the step it finished, without the validation Lightning would add: no step is lost. After
 ``fit()`` returns, ``callback.stopped`` says whether the run was stopped unfinished (skip the test and
@@ -125,7 +126,8 @@ class ThriftyCallback(pl.Callback):
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val")}
         if metrics:
             self.session.log(trainer.global_step, **metrics)
-        if self._save_after_validation:
+        new_best = bool(metrics) and self.session.should_save(trainer.global_step)  # its weights are saved now
+        if self._save_after_validation or new_best:
             self._save_after_validation = False
             self._save(trainer, trainer.global_step)
 

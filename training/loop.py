@@ -29,7 +29,7 @@ from thrifty.launchers.identity import identify
 from thrifty.money.meter import NodeMeter, node_job_id
 from thrifty.spot.preemption import config_mtbp, node_mtbp
 from thrifty.protocol import ENV_LEASE_TOKEN
-from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
+from thrifty.runs import RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
 from thrifty.money.throughput import speed_key
 from training import export, warm_start
@@ -39,7 +39,7 @@ from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation, open_cache
 from training.progress import CheckpointSchedule, MetricsWriter
 from training.steps import batch_positions, evaluate, optimizer_step
-from training.early_stopping import EarlyStopping
+from training.early_stopping import EarlyStopping, best_metric, best_metric_at
 from training.validate import check_arrays, check_config, check_data
 from training.runtime import (
     Dist,
@@ -214,6 +214,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         if saved["scaler"]:  # empty when saved without a GradScaler (fp32/bf16): an fp16 resume starts a fresh one
             scaler.load_state_dict(saved["scaler"])
         stopper.load_state_dict(saved["early_stopping"])
+        ckpts.best_step = stopper.best_step
         if ema is not None:
             if saved.get("ema") is None:
                 raise IncompatibleCheckpoint(f"run {run_id!r} was checkpointed without train.ema_decay; unset it to "
@@ -276,8 +277,9 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
                          plan["mtbp_source"])
         finished.clear()
 
-    def save(final: bool = False) -> None:
-        """Snapshot now, write in the background; ``final`` (the end, a stop) waits for the COMMIT."""
+    def save(final: bool = False, cadence: bool = True) -> None:
+        """Snapshot now, write in the background; ``final`` (the end, a stop) waits for the COMMIT. ``cadence=False``
+        (a new best's save) leaves the interval counting from the last scheduled save."""
         rngs = dist.gather(rng_state())  # every rank's RNG streams, so each resumes its own
         if dist.is_main:
             checkpoint = {
@@ -288,12 +290,13 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
                                             "train_time_s": base_train_time + (time.perf_counter() - attempt_t0)})),
                 "config": cfg.model_dump_json(), "data_key": cache.key, "world_size": dist.world,
             }
-            evaluated_here = state.last_eval_step == state.step  # else the metric belongs to other weights
-            report(writer.save(checkpoint, state.step, state.last_eval.get(es_cfg.metric) if evaluated_here else None,
-                               wait=final))
+            # the COMMIT carries the metric only where these weights scored a new best: retention keeps that one
+            report(writer.save(checkpoint, state.step, best_metric_at(stopper, state.step), wait=final))
             state.checkpoints_written += 1
-            replan()
-        schedule.follow(state.step, dist.broadcast(schedule.interval))  # all ranks keep rank 0's plan
+            if cadence:
+                replan()
+        if cadence:
+            schedule.follow(state.step, dist.broadcast(schedule.interval))  # all ranks keep rank 0's plan
 
     # ---- the loop
     attempt_t0 = time.perf_counter()
@@ -354,12 +357,15 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             window = {"loss": 0.0, "n": 0, "wait": 0.0, "time": 0.0}
 
         end_of_epoch = state.batch_in_epoch == steps_per_epoch
+        new_best = False
         if (tc.eval_every and state.step % tc.eval_every == 0) or (tc.eval_every is None and end_of_epoch) \
                 or state.step in (total_steps, stop_steps):  # a rung's end is measured: the search ranks it
             state.last_eval = evaluate(ema.module if ema is not None else model, recipe, splits, device, amp,
                                        tc.micro_batch * tc.grad_accum_steps)
             state.last_eval_step = state.step
             best = stopper.update(state.last_eval[es_cfg.metric], state.step)
+            new_best = dist.any(best)  # every rank saves the same steps
+            ckpts.best_step = stopper.best_step
             emit({"event": "eval", "step": state.step, "epoch": state.epoch, **state.last_eval, "best": best})
             log.info("step %d epoch %d: %s%s", state.step, state.epoch,
                      " ".join(f"{k}={v:.4f}" for k, v in state.last_eval.items()), " (best)" if best else "")
@@ -367,6 +373,9 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         finishing = stopper.stopped or state.step >= stop_steps
         if (schedule.due(state.step) and not writer.waiting_on_store) or finishing:  # a retrying write: train on
             save(final=finishing)
+            last_saved_step = state.step
+        elif new_best:  # the weights that scored the best metric are saved now, kept until a better one
+            save(cadence=False)
             last_saved_step = state.step
         elif writer.in_flight:
             report(writer.poll(state.step))
@@ -412,7 +421,6 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
 
     summary = None
     if dist.is_main:
-        best_ckpt = ckpts.best(ckpts.committed())
         summary = RunSummary(
             run_id=run_id,
             recipe=recipe.name,
@@ -421,8 +429,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             total_steps=total_steps,
             epochs=round(state.step / steps_per_epoch, 3),
             stopped_early=stopper.stopped,
-            best_metric=BestMetric(name=es_cfg.metric, value=stopper.best, step=stopper.best_step,
-                                   checkpoint_step=best_ckpt.step if best_ckpt else None),
+            best_metric=best_metric(es_cfg.metric, stopper, ckpts.committed()),
             final_metrics=state.last_eval,
             wall_time_s=round(wall, 3),
             data_wait_fraction=round(state.data_wait_s / wall, 5) if wall else 0.0,

@@ -2,9 +2,8 @@
 
 The run's checkpoints through the same COMMIT protocol (``CheckpointManager``), the RNG streams
 saved and restored with them, a resumable data order, stop requests (a spot notice, the budget cap
-by the node's own meter, early stopping, the smoke test's step limit), the metric lines progress,
-reports and the budget projection read, the run's lease and, when the script ends, ``summary.json``.
-What the script did is told to the wrapper that started it (``training.script``) in a status file.
+by the node's own meter, early stopping, the smoke test's step limit), the metric lines, the lease, ``summary.json``;
+what the script did is told to the wrapper that started it (``training.script``) in a status file.
 """
 
 from __future__ import annotations
@@ -28,9 +27,10 @@ from thrifty.config import ConfigError, RunConfig, script_config
 from thrifty.faults import fault_point
 from thrifty.launchers.identity import identify
 from thrifty.money.meter import NodeMeter
+from thrifty.money.throughput import speed_key
 from thrifty.spot.preemption import config_mtbp, node_mtbp
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_FAILED
-from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
+from thrifty.runs import RunSummary, run_key, write_summary
 from thrifty.runs.exits import error_signature
 from thrifty.usercode.script import ENV_STATUS, ENV_STEP_LIMIT, SessionStatus, is_script, script_params
 from thrifty.storage import open_store
@@ -38,7 +38,7 @@ from training.cap_watchdog import CapWatchdog
 from training.checkpoint import CheckpointManager
 from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation
-from training.early_stopping import EarlyStopping
+from training.early_stopping import EarlyStopping, best_metric, best_metric_at
 from training.loop import check_compatible, one_trainer
 from training.progress import CheckpointSchedule, MetricsWriter
 from training.runtime import Dist, StopSignal, rng_state, seed_everything, set_rng_state, state_sha256
@@ -88,7 +88,8 @@ class Session:
         self.base_train_time_s = 0.0
         self.weights_sha256 = ""
         self.last_eval: dict[str, float] = {}
-        self._metric: tuple[int, float] | None = None  # (step, value) of the early-stopping metric last logged
+        self._best_unsaved: int | None = None  # the step of a new best logged but not yet saved: should_save says so
+        self._saved_step: int | None = None  # the step of the last save asked for
         self._t0 = time.perf_counter()
         self._last_log: tuple[int, float] | None = None
         self._window: dict[str, list[float]] = {}
@@ -140,6 +141,7 @@ class Session:
         if problems:
             raise ScriptError(mismatch_message(self.run_id, info.step, problems, self._changed()))
         self.stopper.load_state_dict(meta["early_stopping"])
+        self.ckpts.best_step = self.stopper.best_step
         set_rng_state(meta["rng"])
         self.step = info.step
         self.resumes = int(meta["resumes"]) + 1
@@ -166,7 +168,11 @@ class Session:
         self.step = max(self.step, step)
         if not self.is_main:
             return
-        metric = self._metric[1] if self._metric and self._metric[0] == step else None
+        metric = best_metric_at(self.stopper, step)  # the COMMIT names the best those weights scored, if they did
+        self._saved_step = step
+        for_best_only = self._best_unsaved == step and not self.schedule.due(step)
+        if self._best_unsaved is not None and step >= self._best_unsaved:
+            self._best_unsaved = None
         meta = {"step": step, "rng": rng_state(), "early_stopping": self.stopper.state_dict(),
                 "resumes": self.resumes, "checkpoints_written": self.checkpoints_written + 1,
                 "checkpoint_time_s": self.checkpoint_time_s, "train_time_s": self._train_time_s(),
@@ -176,7 +182,8 @@ class Session:
         def hash_weights(snap: dict[str, Any]) -> None:  # on the writer: hashing every weight is not the step's work
             snap["thrifty"]["weights_sha256"] = self._shas[step] = state_sha256(snap["state"])
         self.checkpoints_written += 1
-        self.schedule.follow(step, self.schedule.interval)  # the next one is due an interval from this snapshot
+        if not for_best_only:  # a best's save leaves the cadence as it was
+            self.schedule.follow(step, self.schedule.interval)  # the next one is due an interval from this snapshot
         self._report(self.writer.save({"state": state, "thrifty": meta}, step, metric, prepare=hash_weights,
                                       wait=self.stop_reason is not None or self.stop.signum is not None))
 
@@ -197,8 +204,11 @@ class Session:
         self._report(self.writer.poll(max(self.step, step or 0)) if self.writer.in_flight else [])
 
     def should_save(self, step: int) -> bool:
-        """Whether ``step`` is due for a checkpoint: every ``train.checkpoint_every`` steps, or Young/Daly (auto)."""
-        return self.schedule.due(int(step)) and not self.writer.waiting_on_store  # a retrying write: train on
+        """Whether ``step`` is due for a checkpoint: every ``train.checkpoint_every`` steps, or Young/Daly (auto), and
+        at a step whose logged evaluation was a new best (those weights are the run's best: they must exist)."""
+        if self.writer.waiting_on_store:  # a background write is retrying a store outage: train on
+            return False
+        return self.schedule.due(int(step)) or self._best_unsaved == int(step)
 
     # ------------------------------------------------------------------ stopping
     def should_stop(self) -> bool:
@@ -253,16 +263,10 @@ class Session:
             raise ScriptError(message)
         now = time.perf_counter()
         prev_step, prev_t = self._last_log or (self.step, self._t0)
-        times = list(self.status.step_times_s)
-        if step > prev_step:
-            times = (times + [round((now - prev_t) / (step - prev_step), 6)])[-50:]
         self._last_log = (step, now)
         self.step = max(self.step, step)
-        first = self.status.first_logged_step if self.status.first_logged_step is not None else step
-        losses = self.status.losses + ([round(loss, 6)] if loss is not None and len(self.status.losses) < 20 else [])
-        self.status = self.status.model_copy(update={"logs": self.status.logs + 1, "step": self.step,
-                                                     "first_logged_step": first, "step_times_s": times,
-                                                     "losses": losses, "total_steps": self.total_steps})
+        self.status = self.status.logged(self.step, (now - prev_t) / (step - prev_step) if step > prev_step else None,
+                                         loss, self.total_steps)
         evals = {k: v for k, v in values.items() if k.startswith("val_")}
         for k, v in values.items():
             if k not in evals:
@@ -277,8 +281,11 @@ class Session:
             es = self.cfg.train.early_stopping
             best = None
             if es.metric in evals:
-                self._metric = (step, evals[es.metric])
                 best = self.stopper.update(evals[es.metric], step)
+                if best:
+                    self.ckpts.best_step = step
+                    if self._saved_step != step:  # a script that saved before it evaluated: those weights are saved
+                        self._best_unsaved = step
             self._emit({"event": "eval", "step": step, **evals, **({"best": best} if best is not None else {})})
         if self.step_limit is not None or self.status.logs == 1:
             self._write_status()
@@ -361,13 +368,15 @@ class Session:
 
     def _write_summary(self, ended: str) -> None:
         es = self.cfg.train.early_stopping
-        best_ckpt = self.ckpts.best(self.ckpts.committed())
+        best = best_metric(es.metric, self.stopper, self.ckpts.committed())
+        if best.step is not None and best.checkpoint_step is None:
+            log.warning("session: the best %s (step %d) was not saved: the script did not call sess.save when "
+                        "sess.should_save(step) said so; no checkpoint holds the best weights", es.metric, best.step)
         wall = self._train_time_s()
         summary = RunSummary(
             run_id=self.run_id, recipe=self.cfg.recipe, status=ended, steps=self.step,
             total_steps=self.total_steps or self.step, epochs=0.0, stopped_early=ended == "stopped_early",
-            best_metric=BestMetric(name=es.metric, value=self.stopper.best, step=self.stopper.best_step,
-                                   checkpoint_step=best_ckpt.step if best_ckpt else None),
+            best_metric=best,
             final_metrics=self.last_eval, wall_time_s=round(wall, 3), data_wait_fraction=0.0,
             checkpoint_time_fraction=round(self.checkpoint_time_s / wall, 5) if wall else 0.0,
             checkpoints_written=self.checkpoints_written, resumes=self.resumes, precision="script",
@@ -388,7 +397,7 @@ class Session:
             self._last_log = (self.step, time.perf_counter())
         self._emit({"event": "start", "step": self.step, "total_steps": self.total_steps, "resumes": self.resumes,
                     "precision": "script", "device": self.device.type, "world_size": self.dist.world,
-                    "cache_key": "", "cache_hit": False})
+                    "cache_key": "", "cache_hit": False, "speed_key": speed_key(self.cfg)})  # its history's key
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.metrics is not None:

@@ -1,8 +1,10 @@
-"""What a run cost, what it would have cost the naive way, and which lever saved what.
+"""What a run cost, what the same work would have cost the naive way, and which lever saved what.
 
-The naive way: on-demand instances, fp32, no early stopping, no preprocessing cache, no warm start. Each lever
-is priced from the run's own ledger and summary; the assumptions are returned with the figures
-so reports can state them.
+The naive way does the same work (the steps the run trained, or for a warm start the steps a from-scratch run
+needed to reach its metric) on on-demand instances, in fp32, with no preprocessing cache. Each lever is priced from
+the run's own ledger and summary, and says how (measured, or "assumed" with its factor). Early stopping is not in
+that headline: what it left unspent (the planned steps not trained, at the run's own rate) is a line of its own,
+since nobody meant to pay for all of them.
 """
 
 from __future__ import annotations
@@ -46,22 +48,45 @@ class Waste(BaseModel):
     usd: float
 
 
+class EarlyStop(BaseModel):
+    """Work early stopping left undone: its own line, never part of the headline (nobody meant to train it all)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    steps_skipped: int  # planned steps not trained
+    epochs_skipped: float | None  # the same in epochs (None: a script that reports no epochs)
+    usd: float  # at this run's own rate: its spend per step trained
+
+    def line(self) -> str:
+        what = (f"{self.epochs_skipped:g} epochs before max_epochs" if self.epochs_skipped is not None
+                else f"{self.steps_skipped} steps before its planned end")
+        return f"stopped {what}; at this run's rate that is ${self.usd:.5f} not spent"
+
+
+BASIS_VERSION = 2  # 2: the headline compares the same work (early stopping apart); 1 counted skipped epochs in it
+
+
 class SavingsReport(BaseModel):
-    """``runs/<run_id>/savings.json``: what a run cost against the naive way, by lever."""
+    """``runs/<run_id>/savings.json``: what a run cost against the same work done the naive way, by lever."""
 
     model_config = ConfigDict(frozen=True)
 
     run_id: str
-    state: str = "completed"  # completed | stopped_early | budget | failed | cancelled | running | interrupted
-    actual_usd: float
-    naive_usd: float
+    state: str = "completed"  # completed | stopped_early | rung | budget | bad_input | failed | cancelled | crashed |
+    #                           running | interrupted
+    actual_usd: float  # the ledger's spend: every attempt of every job
+    naive_usd: float  # the same work on-demand, in fp32, without the cache
     saved_usd: float
     saved_fraction: float
-    levers_usd: dict[str, float]
+    levers_usd: dict[str, float]  # spot, precision, cache: what each made cheaper in the same work
     preemption_waste: Waste
     attempts: int
     instance_hours: float
     assumptions: list[str]
+    lever_basis: dict[str, str] = {}  # how each lever was priced: measured from what, or "assumed" with its factor
+    early_stop: EarlyStop | None = None  # work not done, apart from the headline
+    basis_version: int = 1
+    end: str = ""  # how the run ended, its spend and what to do next (thrifty.report.ends), as its report says it
 
     @property
     def on_demand_usd(self) -> float:
@@ -69,9 +94,19 @@ class SavingsReport(BaseModel):
         return self.actual_usd + self.levers_usd["spot"]
 
 
+def early_stop_saving(summary: RunSummary | None, actual_usd: float) -> EarlyStop | None:
+    """What stopping early left unspent: the planned steps not trained, at this run's spend per step trained."""
+    if summary is None or not summary.stopped_early or summary.steps <= 0 or summary.total_steps <= summary.steps:
+        return None
+    skipped = summary.total_steps - summary.steps
+    epochs = round(skipped * summary.epochs / summary.steps, 2) if summary.epochs > 0 else None
+    return EarlyStop(steps_skipped=skipped, epochs_skipped=epochs, usd=round(actual_usd / summary.steps * skipped, 6))
+
+
 def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, cache_hit: bool,
               cold_preprocess_s: float, metrics: list[dict[str, Any]], state: str | None = None) -> SavingsReport:
-    """The figures for a run however it ended (``state``; by default its summary's status)."""
+    """The figures for a run however it ended (``state``; by default its summary's status). The naive way does
+    the same work: the steps this run trained, on-demand, in fp32, preprocessing from scratch."""
     actual = spend_usd(attempts)
     on_demand = sum(a.hours() * _on_demand_price(a) * a.nodes for a in attempts)
     hours = sum(a.hours() for a in attempts)
@@ -79,20 +114,23 @@ def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, 
     mixed_on_gpu = summary is not None and summary.precision in ("bf16", "fp16") and summary.device == "cuda"
     fp32_factor = FP32_SLOWDOWN_ON_GPU if mixed_on_gpu else 1.0
     od_fp32 = on_demand * fp32_factor
-    steps, planned = (summary.steps, summary.total_steps) if summary else (0, 0)
-    early = od_fp32 * (planned - steps) / steps if summary and summary.stopped_early and steps else 0.0
     warm = summary.init_from if summary else None  # steps a from-scratch run needed beyond this warm start's
-    warm_usd = od_fp32 * warm.steps_not_trained / steps if warm and warm.steps_not_trained and steps else 0.0
     cache = cold_preprocess_s / 3600.0 * od_rate if cache_hit else 0.0
     waste_steps = recomputed_steps(metrics)
+    steps = summary.steps if summary else 0
     sec_per_step = summary.wall_time_s / steps if summary and steps else 0.0
-    levers = {
-        "spot": on_demand - actual,
-        "precision": od_fp32 - on_demand,
-        "early_stopping": early,
-        "cache": cache,
-        "warm_start": warm_usd,
+    levers = {"spot": on_demand - actual, "precision": od_fp32 - on_demand, "cache": cache}
+    basis = {
+        "spot": "measured: the run's instance-hours at the price table's on-demand price of the same instances",
+        "precision": (f"assumed: fp32 {FP32_SLOWDOWN_ON_GPU:g}x slower than {summary.precision} on a GPU (not measured)"
+                      if mixed_on_gpu else "none: the run trained in fp32 or on a CPU"),
+        "cache": (f"measured: the cold preprocessing ({cold_preprocess_s:.1f} s) at the node's on-demand price"
+                  if cache_hit else "none: the preprocessing ran (a cache miss) or the run has none"),
     }
+    if warm and warm.steps_not_trained and steps:
+        levers["warm_start"] = od_fp32 * warm.steps_not_trained / steps
+        basis["warm_start"] = (f"measured: the from-scratch run its weights descend from needed "
+                               f"{warm.steps_not_trained} steps more to reach this run's best metric, at this run's average step cost")
     naive = actual + sum(levers.values())
     return SavingsReport(
         run_id=run_id,
@@ -107,14 +145,14 @@ def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, 
         attempts=len(attempts),
         instance_hours=round(hours, 6),
         assumptions=[
-            f"naive = on-demand, fp32, no early stopping, no preprocessing cache, no warm start; on-demand at the "
-            f"offline table's list price ({age_note()})",
-            f"fp32 assumed {FP32_SLOWDOWN_ON_GPU:g}x slower than bf16/fp16 on a GPU (no precision saving on CPU)",
-            "early stopping saves the skipped steps at the run's average step cost",
-            "a cache hit saves the cold preprocessing time at the node's on-demand price",
-            "a warm start saves the steps the from-scratch run its weights descend from needed to reach this run's "
-            "best metric, beyond the steps this run trained, at the run's average step cost",
+            "naive = the same work (the steps this run trained) on-demand, in fp32, preprocessing from scratch; "
+            f"on-demand at the offline table's list price ({age_note()})",
+            *(f"{k}: {v}" for k, v in basis.items() if v.startswith("assumed")),
+            "early stopping is not in the headline: the steps it skipped are priced apart, at this run's rate",
         ],
+        lever_basis=basis,
+        early_stop=early_stop_saving(summary, actual),
+        basis_version=BASIS_VERSION,
     )
 
 
@@ -165,7 +203,7 @@ def read_all(store: Store) -> list[SavingsReport]:
         if not attempts:
             continue
         saved = read(store, run_id)
-        if saved is not None and abs(saved.actual_usd - spend_usd(attempts)) < 1e-6:
+        if saved is not None and saved.basis_version == BASIS_VERSION and abs(saved.actual_usd - spend_usd(attempts)) < 1e-6:
             rows.append(saved)
             continue
         try:
@@ -184,5 +222,7 @@ def table(all_figures: list[SavingsReport]) -> list[dict[str, Any]]:
     return [{"run": f.run_id, "state": f.state, "actual_usd": f.actual_usd, "naive_usd": f.naive_usd,
              "saved_usd": f.saved_usd, "saved": f"{f.saved_fraction:.0%}",
              **{f"{k}_usd": v for k, v in f.levers_usd.items()},
+             "assumed": ", ".join(k for k, v in f.lever_basis.items() if v.startswith("assumed")) or "-",
+             "early_stop_unspent_usd": f.early_stop.usd if f.early_stop else 0.0,
              "recomputed_steps": f.preemption_waste.steps, "attempts": f.attempts}
             for f in all_figures]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 from xml.sax.saxutils import escape
 
+from thrifty.money.budget import spend_usd
 from thrifty.money.ledger import Attempt
 
 WIDTH, HEIGHT = 640, 240
@@ -52,8 +53,17 @@ def sample(rows: list[Any], points: int) -> list[Any]:
 
 
 def series(metrics: Iterable[dict[str, Any]], attempts: list[Attempt]) -> list[Point]:
-    return [Point(int(r["step"]), float(r["time_unix"]), float(r["loss"]), spend_at(attempts, r["time_unix"]))
-            for r in training_curve(metrics)]
+    """The curve with the spend at each logged step; once every attempt has ended, a last point at the run's end
+    carries what it spent in all (the ledger's figure: evaluation, the final checkpoint and shutdown come after the
+    last logged step)."""
+    points = [Point(int(r["step"]), float(r["time_unix"]), float(r["loss"]), spend_at(attempts, r["time_unix"]))
+              for r in training_curve(metrics)]
+    if points and attempts and all(a.ended_unix is not None for a in attempts):
+        end = max(a.ended_unix for a in attempts if a.ended_unix is not None)
+        total = spend_usd(attempts, end)
+        if end > points[-1].time_unix and total > points[-1].spend_usd:
+            points.append(Point(points[-1].step, end, points[-1].loss, total))
+    return points
 
 
 def scale(lo: float, hi: float, a: float, b: float):

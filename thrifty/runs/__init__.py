@@ -6,7 +6,8 @@ import ``thrifty.storage``, ``thrifty.config`` and the base modules only: money 
 """
 
 from thrifty.runs.records import (BestMetric, RunSummary, finished_since, finished_summary, latest_progress,
-                                  read_jsonl, read_metrics, read_summary, run_key, summary_best_step, write_summary)
+                                  reached_end, read_jsonl, read_metrics, read_summary, run_key, summary_best_step,
+                                  write_summary)
 
-__all__ = ["BestMetric", "RunSummary", "finished_since", "finished_summary", "latest_progress", "read_jsonl",
-           "read_metrics", "read_summary", "run_key", "summary_best_step", "write_summary"]
+__all__ = ["BestMetric", "RunSummary", "finished_since", "finished_summary", "latest_progress", "reached_end",
+           "read_jsonl", "read_metrics", "read_summary", "run_key", "summary_best_step", "write_summary"]

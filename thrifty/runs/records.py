@@ -136,3 +136,10 @@ def latest_progress(records: list[dict[str, Any]]) -> dict[str, Any]:
         elif event in ("checkpoint", "interrupted", "end"):
             out["step"] = max(out.get("step", 0), rec.get("step", rec.get("steps", 0)))
     return out
+
+
+def reached_end(records: list[dict[str, Any]], stop_at_epoch: int | None) -> bool:
+    """Whether a job's records (since it started) say its work is done and saved: the run's end, or the rung it was
+    told to stop at (``train.stop_at_epoch``). Such a job is never stopped, reported or alerted as over budget."""
+    return any(r.get("event") == "end" or (r.get("event") == "rung" and stop_at_epoch is not None
+                                           and r.get("epoch") == stop_at_epoch) for r in records)

@@ -9,11 +9,11 @@ trial, and ``sweeps/<name>/state.json``), ``report`` (leaderboard, saving, chart
 
 from thrifty.sweep.caps import Need, committed_usd, measured_per_epoch, need_for, refusal
 from thrifty.sweep.config import SweepConfig, build_sweep
-from thrifty.sweep.scheduler import TrialState, best_trial, next_job, settle
+from thrifty.sweep.scheduler import TrialState, best_trial, leader, next_job, settle
 from thrifty.sweep.state import SweepState, load_state, observe, save_state, state_key
 
 __all__ = [
-    "Need", "SweepConfig", "SweepState", "TrialState", "best_trial", "build_sweep", "committed_usd",
+    "Need", "SweepConfig", "SweepState", "TrialState", "best_trial", "build_sweep", "committed_usd", "leader",
     "load_state", "measured_per_epoch", "need_for", "next_job", "observe", "refusal", "save_state", "settle",
     "state_key",
 ]

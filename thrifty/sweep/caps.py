@@ -39,15 +39,22 @@ def committed_gpu_hours(trials: list[TrialState]) -> float:
 
 
 def need_for(estimate_usd: float, estimate_hours: float, reserve_usd: float, gpus: int, factor: float,
-             epochs: int, measured_usd_per_epoch: float = 0.0, measured_hours_per_epoch: float = 0.0) -> Need:
+             epochs: int, measured_usd_per_epoch: float = 0.0, measured_hours_per_epoch: float = 0.0,
+             first_checkpoint_usd: float = 0.0) -> Need:
     """A job's allowance: ``factor`` x the larger of the estimate (the budget gate's, to the milestone) and what
-    the search's trials measured per epoch, plus the stop reserve the run's cap holds back."""
+    the search's trials of its model shape measured per epoch, plus the stop reserve the run's cap holds back; never
+    less than what reaching its first checkpoint may cost (``first_checkpoint_usd``, at the estimate's high end): a
+    cap that stopped it before would buy nothing kept."""
     usd = max(estimate_usd, measured_usd_per_epoch * epochs)
     hours = max(estimate_hours, measured_hours_per_epoch * epochs)
-    source = "measured by earlier trials" if measured_usd_per_epoch * epochs > estimate_usd else "estimated"
+    source = "measured by earlier trials of its shape" if measured_usd_per_epoch * epochs > estimate_usd else "estimated"
     why = (f"${usd:.5f} {source} for {epochs} epoch(s) x {factor:g} headroom + ${reserve_usd:.5f} held back "
            "to stop in")
-    return Need(usd=factor * usd + reserve_usd, gpu_hours=factor * hours * gpus, hours=factor * hours, why=why)
+    allowance = factor * usd + reserve_usd
+    if first_checkpoint_usd > allowance:
+        allowance = first_checkpoint_usd
+        why += f", raised to ${first_checkpoint_usd:.5f}: what its first checkpoint may cost at the estimate's high end"
+    return Need(usd=allowance, gpu_hours=factor * hours * gpus, hours=factor * hours, why=why)
 
 
 def refusal(need: Need, trials: list[TrialState], max_usd: float, max_gpu_hours: float | None,

@@ -17,12 +17,12 @@ POINT_COLOUR, BEST_COLOUR = "#2563eb", "#16a34a"
 
 
 class Saving(BaseModel):
-    """The search's spend against the same trials each trained to the full budget (priced per trial from what
-    its own epochs cost)."""
+    """The search's spend against every trial it drew trained to the full budget (each priced from what its own
+    epochs cost, or what its shape's trials measured when it never trained)."""
 
     spent_usd: float
-    full_usd: float  # every trial that ran, trained to max_epochs at its own measured cost per epoch
-    trials: int
+    full_usd: float  # every trial drawn, trained to max_epochs (finished ones at what they cost)
+    trials: int  # the trials counted: every one drawn (paused, out of budget, pruned, failed and never run too)
 
     @property
     def saved_usd(self) -> float:
@@ -34,12 +34,14 @@ class Saving(BaseModel):
 
 
 def saving(trials: list[TrialState], full_epochs: int) -> Saving:
-    """Each trial that ran, trained on in one go to the full budget: what it spent (one start-up and its epochs so
-    far) plus its remaining epochs at its own measured cost per epoch. A trial that finished cost what it cost."""
-    ran = [t for t in trials if t.reached and t.spent_usd > 0]
-    full = sum(t.spent_usd + (0 if t.status == "finished" else max(0, full_epochs - t.reached) * t.epoch_usd)
-               for t in ran)
-    return Saving(spent_usd=sum(t.spent_usd for t in trials), full_usd=full, trials=len(ran))
+    """Every trial the search drew, trained on in one go to the full budget: what it spent plus its remaining epochs
+    at its own measured cost per epoch (the median of the measured trials' for one that never measured one: never
+    launched, refused for money, stopped before its first epoch). A trial that finished cost what it cost."""
+    measured = sorted(t.epoch_usd for t in trials if t.epoch_usd > 0)
+    typical = measured[len(measured) // 2] if measured else 0.0
+    full = sum(t.spent_usd + (0 if t.status == "finished" else
+                              max(0, full_epochs - t.reached) * (t.epoch_usd or typical)) for t in trials)
+    return Saving(spent_usd=sum(t.spent_usd for t in trials), full_usd=full, trials=len(trials))
 
 
 def leaderboard(trials: list[TrialState], mode: str, metric: str) -> list[dict[str, Any]]:
@@ -48,7 +50,7 @@ def leaderboard(trials: list[TrialState], mode: str, metric: str) -> list[dict[s
     sign = 1.0 if mode == "min" else -1.0
 
     def key(t: TrialState) -> tuple:
-        score = t.score(t.reached) if t.reached else None
+        score = t.ranking_value()
         return (t.status != "finished", -t.reached, sign * score if score is not None else float("inf"), t.index)
 
     cumulative, rows = 0.0, []
@@ -57,7 +59,7 @@ def leaderboard(trials: list[TrialState], mode: str, metric: str) -> list[dict[s
         cumulative += t.spent_usd
         spent_before[t.index] = cumulative
     for t in sorted(trials, key=key):
-        score = t.score(t.reached) if t.reached else None
+        score = t.ranking_value()
         rows.append({"trial": t.run_name, **{k: v for k, v in t.values.items()}, "epochs": t.reached,
                      metric: round(score, 5) if score is not None else None, "cost $": round(t.spent_usd, 6),
                      "cumulative $": round(spent_before[t.index], 6), "state": t.status, "note": t.note})

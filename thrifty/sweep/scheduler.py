@@ -37,10 +37,20 @@ class TrialState(BaseModel):
     cap_gpu_hours: float | None = None
     launches: int = 0
     note: str = ""  # why it ended where it did (pruned at epoch 3, skipped: the budget could not cover ...)
+    result: float | None = None  # trained to its end: what it is ranked by (its run's best, or last evaluation)
+    result_step: int | None = None  # the step of the weights that scored ``result``: its gold checkpoint
 
     def score(self, epochs: int) -> float | None:
+        """Its evaluation at the milestone ``epochs`` (the end of that epoch), when it reached it."""
         value = self.metrics.get(epochs)
         return value if value is not None and math.isfinite(value) else None
+
+    def ranking_value(self) -> float | None:
+        """What the leaderboard shows for it: its result once trained to its end, else its metric at the last
+        milestone it reached."""
+        if self.status == "finished" and self.result is not None and math.isfinite(self.result):
+            return self.result
+        return self.score(self.reached) if self.reached else None
 
 
 def ranked(trials: list[TrialState], epochs: int, mode: str) -> list[TrialState]:
@@ -92,14 +102,20 @@ def next_job(trials: list[TrialState], rungs: list[int], eta: int, mode: str) ->
 
 
 def best_trial(trials: list[TrialState], mode: str) -> TrialState | None:
-    """The best of the trials that trained to their end (the full budget, or stopped early there); when none has
-    yet, the best at the highest milestone any reached."""
-    done = [t for t in trials if t.status == "finished" and t.score(t.reached) is not None]
-    pool = done or [t for t in trials if t.reached and t.score(t.reached) is not None]
-    if not pool:
+    """The best of the trials that trained to their end (the full budget, or stopped early there); None while none
+    has: a trial paused, pruned or refused at a rung is never "the best" (``leader`` names the one ahead)."""
+    done = [t for t in trials if t.status == "finished" and t.ranking_value() is not None]
+    if not done:
         return None
     sign = 1.0 if mode == "min" else -1.0
-    if done:
-        return sorted(done, key=lambda t: (sign * t.score(t.reached), t.index))[0]  # type: ignore[operator]
+    return sorted(done, key=lambda t: (sign * t.ranking_value(), t.index))[0]  # type: ignore[operator]
+
+
+def leader(trials: list[TrialState], mode: str) -> TrialState | None:
+    """The trial ahead at the highest milestone any reached (finished or not): what a search none of whose trials
+    trained to its end can still say."""
+    pool = [t for t in trials if t.reached and t.score(t.reached) is not None]
+    if not pool:
+        return None
     top = max(t.reached for t in pool)
     return ranked([t for t in pool if t.reached == top], top, mode)[0]

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from thrifty.money.budget import gpu_hours, gpus_per_node, spend_usd
 from thrifty.config import ConfigError, RunConfig
 from thrifty.money.ledger import read_attempts
-from thrifty.runs import finished_summary, read_metrics
+from thrifty.runs import RunSummary, finished_summary, read_metrics
 from thrifty.storage import NotFound, Store, join_key
 from thrifty.sweep.config import SweepConfig
 from thrifty.sweep.scheduler import TrialState
@@ -78,6 +78,23 @@ def epoch_hours(records: list[dict], run_cfg: RunConfig) -> float:
     return steps[len(steps) // 2] * per_epoch / 3600.0
 
 
+def finished_score(summary: RunSummary, metric: str) -> tuple[float | None, int | None]:
+    """What a finished trial is ranked by, and the step of the weights that scored it (its gold): the run's best
+    when ``metric`` is the one early stopping watched (saved at its step), else its last evaluation (of the final
+    weights, saved at the end)."""
+    best = summary.best_metric
+    if best.name == metric and best.value is not None:
+        return best.value, best.checkpoint_step
+    value = summary.final_metrics.get(metric)
+    return value, summary.steps if value is not None else None
+
+
+def rung_step(records: list[dict], epochs: int) -> int | None:
+    """The step a trial's job stopped at for the milestone ``epochs`` (its rung record), whose weights scored it."""
+    return next((int(r["step"]) for r in reversed(records) if r.get("event") == "rung" and r.get("epoch") == epochs
+                 and r.get("step") is not None), None)
+
+
 def observe(store: Store, cfg: SweepConfig, trial: TrialState, now: float | None = None) -> None:
     """Bring ``trial``'s money and results up to date from its run in the store (never the other way round)."""
     now = time.time() if now is None else now
@@ -97,15 +114,14 @@ def observe(store: Store, cfg: SweepConfig, trial: TrialState, now: float | None
     summary = finished_summary(store, trial.run_name, run_cfg.training_fingerprint())
     if summary is None:
         return
-    best = summary.best_metric
-    value = best.value if best.name == metric and best.value is not None else summary.final_metrics.get(metric)
-    # the milestone it ended at: the full budget, or the rung it stopped early in
-    epochs = next((r for r in cfg.rungs() if r >= summary.epochs - 1e-9), cfg.full_epochs)
-    if not summary.stopped_early:
-        epochs = cfg.full_epochs
-    if value is not None:
-        trial.metrics[epochs] = float(value)
-    trial.reached = max(trial.reached, epochs)
+    trial.result, trial.result_step = finished_score(summary, metric)
+    if not summary.stopped_early:  # trained to max_epochs: its last evaluation is that epoch's
+        final = summary.final_metrics.get(metric)
+        if final is not None:
+            trial.metrics[cfg.full_epochs] = float(final)
+        trial.reached = max(trial.reached, cfg.full_epochs)
+    else:  # stopped early inside an epoch range: the epochs it trained (no milestone evaluation of its own)
+        trial.reached = max(trial.reached, int(summary.epochs + 1e-9))
     if trial.status != "running":
         trial.status = "finished"
         trial.note = f"{summary.status} at step {summary.steps} ({summary.epochs:g} epochs)"

@@ -186,6 +186,16 @@ class SessionStatus(BaseModel):
     def write(self, path: str | Path) -> None:
         atomic_write_bytes(Path(path), self.model_dump_json().encode())
 
+    def logged(self, step: int, step_time_s: float | None, loss: float | None,
+               total_steps: int | None) -> "SessionStatus":
+        """This status once ``step`` is logged: the step time when it advanced (the last 50 kept), the first 20
+        losses (the smoke test shows them)."""
+        times = (list(self.step_times_s) + ([round(step_time_s, 6)] if step_time_s is not None else []))[-50:]
+        first = self.first_logged_step if self.first_logged_step is not None else step
+        losses = self.losses + ([round(loss, 6)] if loss is not None and len(self.losses) < 20 else [])
+        return self.model_copy(update={"logs": self.logs + 1, "step": step, "first_logged_step": first,
+                                       "step_times_s": times, "losses": losses, "total_steps": total_steps})
+
     @classmethod
     def read(cls, path: str | Path) -> "SessionStatus | None":
         try:
