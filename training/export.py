@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import torch

@@ -443,7 +443,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             training_fingerprint=cfg.training_fingerprint(),
             weights_sha256=weights_sha256(model.state_dict()),
             init_from=warm_start.summary_record(store, cfg, state.step, stopper.best),
-            half_export=export.at_end(store, run_id, best_ckpt, tc, device),  # train.export_half: null = none
+            half_export=export.at_end(store, run_id, ckpts.best(ckpts.committed()), tc, device),  # null: none
             **recipe.summary_fields(cache.manifest["meta"]),
         )
         write_summary(store, summary)

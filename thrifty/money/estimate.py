@@ -65,7 +65,7 @@ class Estimate(BaseModel):
         return (f"${self.usd:.5f} (range ${self.low_usd:.5f}-{high}) for {self.steps} steps: {self.startup_s:.0f} s of "
                 f"start-up + {self.hours * 3600 - self.startup_s:.0f} s of training (evaluation and checkpoints "
                 f"{self.overhead_s:.0f} s of it), at ${self.usd_per_hour:.3f}/h"
-                + (f" ({self.price_source})" if self.price_source else "") + f"; {BASIS[self.basis]}: {self.assumption}")
+                + (f" from {self.price_source}" if self.price_source else "") + f"; {BASIS[self.basis]}: {self.assumption}")
 
 
 def estimate_run(steps: int, cpu_seconds_per_example: float, examples_per_step: int, usd_per_hour: float,
