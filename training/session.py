@@ -33,10 +33,12 @@ from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED
 from thrifty.runs import BestMetric, RunSummary, run_key, write_summary
 from thrifty.usercode.script import ENV_STATUS, ENV_STEP_LIMIT, SessionStatus, is_script, script_params
 from thrifty.storage import open_store
+from training.boundary import StepBoundary
 from training.checkpoint import CheckpointManager
 from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation
 from training.early_stopping import EarlyStopping
+from training.lazy_dynamo import defer_dynamo_import
 from training.loop import check_compatible, one_trainer
 from training.progress import CheckpointSchedule, MetricsWriter
 from training.runtime import Dist, StopSignal, rng_state, seed_everything, set_rng_state, state_sha256
@@ -110,6 +112,8 @@ class Session:
         self.writer = CheckpointWriter(self.ckpts, tc.async_checkpoint,  # the metrics go up after each COMMIT
                                        self.metrics.put if self.metrics and self.metrics.upload else None)
         self.stop = StopSignal().install()
+        self._boundary = StepBoundary.from_env()  # the local launcher's preemption, at exactly its step
+        defer_dynamo_import()  # the script's optimizer imports torch._dynamo only if something compiles
         self._excepthook = sys.excepthook
         sys.excepthook = self._on_uncaught
         atexit.register(self.close)
@@ -265,6 +269,7 @@ class Session:
             self._emit({"event": "eval", "step": step, **evals, **({"best": best} if best is not None else {})})
         if self.step_limit is not None or self.status.logs == 1:
             self._write_status()
+        self._boundary.passed(step, self.stop)  # the local launcher's preemption lands here; should_stop() says so
 
     def set_total_steps(self, total: int) -> None:
         """The run's length (optimizer steps), for progress and the budget projection; ``train.max_steps`` caps it."""

@@ -9,8 +9,10 @@ the instance it emulates, so budgets and reports work on a laptop.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,9 +29,9 @@ from thrifty.launchers.base import (JobState, JobStatus, LaunchError, free_loopb
 from thrifty.launchers.notice import send_sigterm
 from thrifty.money.pricing import quote_emulated
 from thrifty.money.meter import Price
-from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, EXIT_BAD_INPUT, EXIT_BUDGET
+from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, ENV_PREEMPT_AT_STEP, EXIT_BAD_INPUT, EXIT_BUDGET
 from thrifty.money.ledger import Attempt
-from thrifty.runs import finished_since, latest_progress, read_metrics, run_key
+from thrifty.runs import finished_since, run_key
 from thrifty.storage import open_store
 
 log = logging.getLogger("thrifty.launch")
@@ -47,11 +49,18 @@ class _Job:
         self.cancel_requested = threading.Event()
         self.cancel_deadline_s: float | None = None  # a stop at the budget cap: ended for good within this
         self.preemptions_injected = 0
+        self.flag_dir = Path(tempfile.mkdtemp(prefix="thrifty-preempt-"))  # where a node says it waits to be preempted
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._supervise, name=f"thrifty-{job_id}", daemon=True)
 
     # -------------------------------------------------------------- supervisor
     def _supervise(self) -> None:
+        try:
+            self._recover()
+        finally:
+            shutil.rmtree(self.flag_dir, ignore_errors=True)
+
+    def _recover(self) -> None:
         failures = 0
         while True:
             reason, code = self._run_attempt()
@@ -81,6 +90,11 @@ class _Job:
         node = {**node_env(self.cfg, [Price(price.cloud, price.instance, c.use_spot, price.usd_per_hour,
                                             price.accelerator, price.source)]),
                 ENV_JOB_ID: self.job_id, ENV_BILLING_START: repr(attempt.started_unix), **self.env}
+        hit = c.num_nodes - 1 if c.preempt_node is None else min(c.preempt_node, c.num_nodes - 1)
+        flag = self.flag_dir / f"attempt-{attempt.number}"
+        if c.preempt_after_steps is not None and self.preemptions_injected == 0:  # the node stops at exactly that step
+            node[ENV_PREEMPT_AT_STEP] = json.dumps({"step": c.preempt_after_steps, "node": hit, "mode": c.preempt_mode,
+                                                    "flag": str(flag)})
         with self.lock:
             self.attempts.append(attempt)
             self.state = JobState.STARTING
@@ -94,15 +108,18 @@ class _Job:
             if self.cancel_requested.is_set():
                 self._stop_all(procs, graceful=True, grace_s=self.cancel_deadline_s)
                 reason = "cancelled"
-            elif self._preemption_due(attempt):
+            elif self._preemption_due(attempt, flag):
                 self.preemptions_injected += 1
-                hit = len(procs) - 1 if c.preempt_node is None else min(c.preempt_node, len(procs) - 1)
-                log.warning("injecting a preemption (%s) into attempt %d%s", c.preempt_mode, attempt.number,
-                            f", node {hit} of {len(procs)}" if len(procs) > 1 else "")
+                log.warning("injecting a preemption (%s) into attempt %d%s%s", c.preempt_mode, attempt.number,
+                            f", node {hit} of {len(procs)}" if len(procs) > 1 else "",
+                            f" at step {json.loads(flag.read_text())['step']}" if flag.exists() else "")
                 self._stop(procs[hit], graceful=c.preempt_mode == "sigterm")
                 reason = "preempted"
             else:
                 time.sleep(POLL_S)
+        if reason is None and flag.exists():  # it waited for us in vain and preempted itself (training.boundary)
+            self.preemptions_injected += 1
+            reason = "preempted"
         code = self._end_nodes(procs)
         if code == EXIT_BUDGET:
             reason = "budget"
@@ -150,16 +167,13 @@ class _Job:
         for t in threads:
             t.join()
 
-    def _preemption_due(self, attempt: Attempt) -> bool:
+    def _preemption_due(self, attempt: Attempt, flag: Path) -> bool:
         c = self.cfg.compute
         if self.preemptions_injected > 0:
             return False  # one injected preemption per job
         if c.preempt_after_s is not None and time.time() - attempt.started_unix >= c.preempt_after_s:
             return True
-        if c.preempt_after_steps is not None:
-            progress = latest_progress(read_metrics(open_store(self.cfg.store), self.cfg.run_name, attempt.started_unix))
-            return progress.get("step", 0) >= c.preempt_after_steps
-        return False
+        return flag.exists()  # the node finished step preempt_after_steps and waits there (training.boundary)
 
     def _stop(self, proc: subprocess.Popen, graceful: bool, grace_s: float | None = None) -> None:
         """SIGTERM the process group and wait out the grace period, then SIGKILL; or SIGKILL at once."""

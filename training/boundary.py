@@ -1,0 +1,73 @@
+"""What the local launcher's emulation asks of a node at a step boundary: its preemption, at exactly the step asked.
+
+``compute.preempt_after_steps`` reaches the node in ``$THRIFTY_PREEMPT_AT_STEP``. The node that is to be hit
+(``compute.preempt_node``) finishes that step, stops there, says so in a flag file and waits: the launcher, which
+polls for the flag, preempts it as it preempts any job (SIGTERM to the node, grace, SIGKILL; or SIGKILL at once
+for ``preempt_mode: kill``). So the notice, or the kill, lands at that step however fast the machine trains: a
+notice checkpoints that step, a kill loses the steps since the last checkpoint, as on a cloud. A launcher that
+does not answer within ``ANSWER_S`` is stood in for: the node sends itself the same signal.
+
+Tests may also fix the node's speed: ``$THRIFTY_MIN_STEP_S`` makes every step boundary come at least that long
+after the one before, so a budget or a time in a test is crossed at a step it can know, on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+from thrifty.protocol import ENV_PREEMPT_AT_STEP
+
+if TYPE_CHECKING:
+    from training.runtime import StopSignal
+
+log = logging.getLogger("thrifty.train")
+
+ENV_MIN_STEP_S = "THRIFTY_MIN_STEP_S"  # tests: the least seconds between two step boundaries (a fixed, known speed)
+ANSWER_S = 30.0  # how long a node waits at its preemption step for the launcher before it preempts itself
+WAIT_POLL_S = 0.005
+
+
+@dataclass
+class StepBoundary:
+    preempt_at: int | None = None  # the step this node is preempted after (None: not this node, or done)
+    mode: str = "sigterm"  # sigterm (a notice, then grace) | kill
+    flag: Path | None = None  # the file that tells the launcher this node waits at its preemption step
+    min_step_s: float = 0.0
+    last: float = field(default_factory=time.perf_counter)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "StepBoundary":
+        boundary = cls(min_step_s=float(env.get(ENV_MIN_STEP_S) or 0.0))
+        spec = json.loads(env[ENV_PREEMPT_AT_STEP]) if env.get(ENV_PREEMPT_AT_STEP) else None
+        if spec and int(env.get("SKYPILOT_NODE_RANK") or 0) == int(spec.get("node") or 0):
+            boundary.preempt_at, boundary.mode, boundary.flag = int(spec["step"]), spec["mode"], Path(spec["flag"])
+        return boundary
+
+    def passed(self, step: int, stop: "StopSignal") -> None:
+        """``step`` is done (and saved, if it was due): pace it, then take the preemption if it is due here."""
+        if self.min_step_s:
+            time.sleep(max(0.0, self.last + self.min_step_s - time.perf_counter()))
+            self.last = time.perf_counter()
+        if self.preempt_at is None or step < self.preempt_at or stop.signum is not None:
+            return
+        self.preempt_at = None  # one injected preemption per job
+        log.warning("injected preemption (%s): stopping after step %d for the launcher to preempt", self.mode, step)
+        if self.flag is not None:
+            tmp = self.flag.with_name(f"{self.flag.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"step": step, "pid": os.getpid()}))
+            os.replace(tmp, self.flag)  # whole or absent: the launcher reads it while we wait
+        deadline = time.monotonic() + ANSWER_S
+        while stop.signum is None and time.monotonic() < deadline:
+            time.sleep(WAIT_POLL_S)  # a kill ends the process here; a notice sets stop.signum
+        if stop.signum is None:
+            log.warning("the launcher did not preempt this node within %.0f s: preempting itself", ANSWER_S)
+            if self.mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            signal.raise_signal(signal.SIGTERM)  # the stop handler runs before this returns
