@@ -5,7 +5,6 @@ checkpoint. The managed loop and a script's session alike; a paced (slow) run an
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import pytest
@@ -103,24 +102,24 @@ class _Stop:
     signum = None
 
 
-def test_a_node_whose_launcher_does_not_answer_preempts_itself(tmp_path, monkeypatch):
-    """The flag is written whole before the node waits; unanswered, it sends itself the notice (its handler runs)."""
-    monkeypatch.setattr("training.boundary.ANSWER_S", 0.2)
+def test_the_node_waits_at_its_step_for_its_launcher_and_trains_on_if_it_is_gone(tmp_path):
+    """The flag is whole before the node waits; a launcher process that has ended cannot preempt it: it trains on."""
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
     flag = tmp_path / "flag"
-    boundary = StepBoundary.from_env({ENV_PREEMPT_AT_STEP: json.dumps({"step": 5, "node": 0, "mode": "sigterm",
-                                                                       "flag": str(flag)})})
+    boundary = StepBoundary.from_env({ENV_PREEMPT_AT_STEP: json.dumps(
+        {"step": 5, "node": 0, "mode": "sigterm", "flag": str(flag), "launcher_pid": gone.pid})})
     stop = _Stop()
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: setattr(stop, "signum", signum))
-    try:
-        boundary.passed(4, stop)
-        assert not flag.exists() and stop.signum is None
-        boundary.passed(5, stop)
-        assert json.loads(flag.read_text())["step"] == 5 and stop.signum == signal.SIGTERM
-        stop.signum = None
-        boundary.passed(6, stop)  # once per job
-        assert stop.signum is None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    boundary.passed(4, stop)
+    assert not flag.exists()
+    boundary.passed(5, stop)  # returns: its launcher is gone
+    assert json.loads(flag.read_text())["step"] == 5 and stop.signum is None
+    flag.unlink()
+    boundary.passed(6, stop)  # once per job
+    assert not flag.exists()
     other = StepBoundary.from_env({ENV_PREEMPT_AT_STEP: json.dumps({"step": 5, "node": 1, "mode": "kill", "flag": "x"}),
                                    "SKYPILOT_NODE_RANK": "0"})
     assert other.preempt_at is None, "only the node asked for stops"

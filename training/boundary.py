@@ -4,8 +4,9 @@
 (``compute.preempt_node``) finishes that step, stops there, says so in a flag file and waits: the launcher, which
 polls for the flag, preempts it as it preempts any job (SIGTERM to the node, grace, SIGKILL; or SIGKILL at once
 for ``preempt_mode: kill``). So the notice, or the kill, lands at that step however fast the machine trains: a
-notice checkpoints that step, a kill loses the steps since the last checkpoint, as on a cloud. A launcher that
-does not answer within ``ANSWER_S`` is stood in for: the node sends itself the same signal.
+notice checkpoints that step, a kill loses the steps since the last checkpoint, as on a cloud. Should its launcher
+be gone (its process ended: a killed `thrifty run` leaves its job training on), the node trains on: nobody would
+restart a preempted job.
 
 Tests may also fix the node's speed: ``$THRIFTY_MIN_STEP_S`` makes every step boundary come at least that long
 after the one before, so a budget or a time in a test is crossed at a step it can know, on any machine.
@@ -16,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("thrifty.train")
 
 ENV_MIN_STEP_S = "THRIFTY_MIN_STEP_S"  # tests: the least seconds between two step boundaries (a fixed, known speed)
-ANSWER_S = 30.0  # how long a node waits at its preemption step for the launcher before it preempts itself
+ANSWER_S = 600.0  # the most a node waits at its preemption step for a launcher that is still alive
 WAIT_POLL_S = 0.005
 
 
@@ -39,6 +39,7 @@ class StepBoundary:
     preempt_at: int | None = None  # the step this node is preempted after (None: not this node, or done)
     mode: str = "sigterm"  # sigterm (a notice, then grace) | kill
     flag: Path | None = None  # the file that tells the launcher this node waits at its preemption step
+    launcher_pid: int | None = None  # the process that will preempt it (None: wait up to ANSWER_S)
     min_step_s: float = 0.0
     last: float = field(default_factory=time.perf_counter)
 
@@ -48,6 +49,7 @@ class StepBoundary:
         spec = json.loads(env[ENV_PREEMPT_AT_STEP]) if env.get(ENV_PREEMPT_AT_STEP) else None
         if spec and int(env.get("SKYPILOT_NODE_RANK") or 0) == int(spec.get("node") or 0):
             boundary.preempt_at, boundary.mode, boundary.flag = int(spec["step"]), spec["mode"], Path(spec["flag"])
+            boundary.launcher_pid = spec.get("launcher_pid")
         return boundary
 
     def passed(self, step: int, stop: "StopSignal") -> None:
@@ -64,10 +66,19 @@ class StepBoundary:
             tmp.write_text(json.dumps({"step": step, "pid": os.getpid()}))
             os.replace(tmp, self.flag)  # whole or absent: the launcher reads it while we wait
         deadline = time.monotonic() + ANSWER_S
-        while stop.signum is None and time.monotonic() < deadline:
+        while stop.signum is None and time.monotonic() < deadline and _alive(self.launcher_pid):
             time.sleep(WAIT_POLL_S)  # a kill ends the process here; a notice sets stop.signum
         if stop.signum is None:
-            log.warning("the launcher did not preempt this node within %.0f s: preempting itself", ANSWER_S)
-            if self.mode == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            signal.raise_signal(signal.SIGTERM)  # the stop handler runs before this returns
+            log.warning("no launcher preempted this node at step %d (it is gone): training on", step)
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True

@@ -94,7 +94,7 @@ class _Job:
         flag = self.flag_dir / f"attempt-{attempt.number}"
         if c.preempt_after_steps is not None and self.preemptions_injected == 0:  # the node stops at exactly that step
             node[ENV_PREEMPT_AT_STEP] = json.dumps({"step": c.preempt_after_steps, "node": hit, "mode": c.preempt_mode,
-                                                    "flag": str(flag)})
+                                                    "flag": str(flag), "launcher_pid": os.getpid()})
         with self.lock:
             self.attempts.append(attempt)
             self.state = JobState.STARTING
@@ -117,9 +117,6 @@ class _Job:
                 reason = "preempted"
             else:
                 time.sleep(POLL_S)
-        if reason is None and flag.exists():  # it waited for us in vain and preempted itself (training.boundary)
-            self.preemptions_injected += 1
-            reason = "preempted"
         code = self._end_nodes(procs)
         if code == EXIT_BUDGET:
             reason = "budget"
