@@ -118,7 +118,7 @@ class Server:
         self.procs.append(proc)
         return proc
 
-    def wait_healthy(self, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    def wait_healthy(self, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"prefect server exited {proc.returncode}:\n{tail(self.home / 'server.log')}"

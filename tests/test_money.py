@@ -95,8 +95,10 @@ def test_one_run_one_job_and_the_node_holds_the_cap_when_its_flow_is_killed(pref
         first.wait(timeout=30)
         assert [m.end for m in read_meters(store, "orphan")] == [None], "the job trains on, unwatched"
 
-        # its flow is gone, its job is not: a third trigger must not rent beside it
-        third = thrifty("run", "--config", str(cfg))
+        # its flow is gone, its job is not: a third trigger must not rent beside it, not even one with a budget its
+        # gate would pass (with the first's, the gate refuses once the job has spent what a checkpoint needs, ~20 s
+        # in: a slow trigger would never get to the check this is about; the job itself trains for ~55 s)
+        third = thrifty("run", "--config", str(cfg), "--set", "budget.max_usd=1.0")
         assert third.returncode == 2, third.stdout + third.stderr
         assert "still training without a watcher" in third.stderr
         print(f"\n[money] third trigger refused at ${spend_usd(read_attempts(store, 'orphan')):.4f} of the ${CAP} cap")

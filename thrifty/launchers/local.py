@@ -26,7 +26,7 @@ from thrifty.money.budget import TEARDOWN_S
 from thrifty.config import RunConfig
 from thrifty.launchers.base import (JobState, JobStatus, LaunchError, free_loopback_port, node_env, skypilot_node_vars,
                                     torchrun_command)
-from thrifty.launchers.notice import send_sigterm
+from thrifty.launchers.notice import children_of, send_sigterm
 from thrifty.money.pricing import quote_emulated
 from thrifty.money.meter import Price
 from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, ENV_PREEMPT_AT_STEP, EXIT_BAD_INPUT, EXIT_BUDGET
@@ -185,6 +185,9 @@ class _Job:
                 return
             except subprocess.TimeoutExpired:
                 log.warning("job did not exit within %.0f s of SIGTERM; killing it", grace_s)
+        if self.cfg.compute.num_nodes > 1:  # torchrun's workers have sessions of their own: a dead node takes them too
+            for worker in children_of(proc.pid):
+                _kill(worker)
         _signal_group(proc, signal.SIGKILL)
         proc.wait()
 
@@ -201,6 +204,17 @@ class _Job:
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the worker and what it started
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 
