@@ -28,14 +28,15 @@ def config_to_train(args: argparse.Namespace) -> RunConfig:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from thrifty.usercode.script import is_script
-    from training.loop import train
 
     setup_logging()
     cfg = config_to_train(args)
-    if is_script(cfg):  # the user's own command under the node's signals and exit codes
+    if is_script(cfg):  # the user's own command under the node's signals and exit codes (this wrapper needs no torch)
         from training.script import run_script
 
         return run_script(cfg)
+    from training.loop import train
+
     result = train(cfg)
     if result.summary is not None:
         print(result.summary.model_dump_json(indent=2))
