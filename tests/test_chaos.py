@@ -26,7 +26,7 @@ from stores import child_env
 pytestmark = pytest.mark.slow
 
 INTERVAL = 7
-KILLS = int(os.environ.get("THRIFTY_CHAOS_KILLS", "7"))  # per store, plus two SIGTERMs; bench/bench_chaos.py: more
+KILLS = int(os.environ.get("THRIFTY_CHAOS_KILLS", "5"))  # per store (each kind once), plus two SIGTERMs; bench/bench_chaos.py: more
 CONFIG = {
     "recipe": "digits",
     "recipe_params": {"hidden": 128, "dropout": 0.2},  # dropout: the RNG state must survive the resume too
