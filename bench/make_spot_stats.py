@@ -26,7 +26,7 @@ SOURCE = {
     "license": "none upstream: derived statistics only, no raw trace",
     "derived_by": "bench/make_spot_stats.py from the traces' summary.csv",
     "definitions": "M_hours = alive hours / preemption events (exponential MLE); up_p50_h, up_p90_h: quantiles of "
-                   "alive-run lengths; kind 'preemption' = a real instance kept alive, 'availability' = launch probes "
+                   "alive-run lengths; out_p50_h, out_p90_h: quantiles of outage lengths (capacity gone, then back); kind 'preemption' = a real instance kept alive, 'availability' = launch probes "
                    "(a proxy); N-node rows count a gang as alive only when all N are",
 }
 
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                 "preemptions": int(r["preemptions"]), "M_hours": num(r["M_hours"]),
                 "up_p50_h": num(r["up_p50_h"]), "up_p90_h": num(r["up_p90_h"]),
                 "mean_outage_hours": num(r["mean_outage_hours"]),
+                "out_p50_h": num(r["out_p50_h"]), "out_p90_h": num(r["out_p90_h"]),
             })
     body = ",\n  ".join(json.dumps(r) for r in rows)  # a row a line: reviewable diffs
     Path(args.out).write_text(f'{{"source": {json.dumps(SOURCE, indent=2)},\n "rows": [\n  {body}\n ]}}\n')

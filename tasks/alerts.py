@@ -54,6 +54,14 @@ def run_resource(run_id: str) -> dict[str, str]:
     return {"prefect.resource.id": f"thrifty.run.{run_id}", "prefect.resource.name": run_id}
 
 
+def deadline_switch(config: RunConfig, message: str, payload: dict[str, Any], logger: Any) -> None:
+    """A move between spot and on-demand to meet ``compute.deadline_h``: logged, the ``thrifty.deadline.switch``
+    event, and the notification blocks of ``budget.notify`` (on-demand costs several times spot)."""
+    logger.warning("deadline: %s", message)
+    emit_event(event="thrifty.deadline.switch", resource=run_resource(config.run_name), payload=payload)
+    notify(config.budget.notify, f"Thrifty deadline: {config.run_name}", message, logger)
+
+
 class BudgetGuard:
     """Watches spend during the run: emits events and notifications at thresholds, says when to stop.
 

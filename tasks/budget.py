@@ -15,6 +15,7 @@ from thrifty.results import PrepResult, SmokeResult
 from thrifty.usercode.script import is_script, script_total_steps
 from thrifty.storage import open_store
 from thrifty.money.throughput import measured_speeds, speed_key, speeds_for
+from thrifty.spot.deadline_run import deadline_moves, market_config
 
 
 def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Estimate:
@@ -41,6 +42,8 @@ def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Est
         speeds = speeds_for(names, measured_speeds(store, speed_key(config)), 1.0 / per_example_s) if names else None
         ranking = ranked_candidates(config, speeds=speeds, examples=(total - done) * examples_per_step)
         winner = ranking.winner.candidate
+        if deadline_moves(config):  # the deadline policy may move the run to on-demand: one must make it in time
+            on_demand_can_finish(config, speeds, (total - done) * examples_per_step)
         quote, accelerator, why = winner.quote, winner.accelerator, ranking.why()
     estimate = estimate_run(total - done, per_example_s, examples_per_step, quote.usd_per_hour, c.num_nodes,
                             accelerator, c.launcher, quote.source, total_steps=total, speeds=speeds, choice=why)
@@ -68,4 +71,29 @@ def budget_gate(config: RunConfig, prep: PrepResult, smoke: SmokeResult, poll_s:
                 estimate.usd_per_hour, estimate.assumption, reserve, spent)
     b = config.budget
     gate(estimate, b.max_usd, b.allow_over_budget, reserve, config.train.checkpoint_every, spent)
+    worst = on_demand_usd(config, estimate) if deadline_moves(config) else None
+    if worst is not None and spent + worst > b.max_usd:
+        logger.warning("deadline: should the policy move the whole run to on-demand, it costs ~$%.4f more, over "
+                       "budget.max_usd $%g with what was spent: the cap would stop it before its deadline", worst,
+                       b.max_usd)
     return estimate
+
+
+def on_demand_can_finish(config: RunConfig, speeds, examples: float) -> float | None:
+    """ConfigError unless an on-demand candidate can finish what is left within ``compute.deadline_h``: the deadline
+    policy's last resort (the spot candidates alone cannot promise a deadline). What the cheapest one costs (None
+    without a runtime)."""
+    from thrifty.launchers.skypilot import ranked_candidates
+
+    try:
+        return ranked_candidates(market_config(config, "on_demand"), speeds=speeds, examples=examples).winner.usd
+    except ConfigError as exc:
+        raise ConfigError(f"on-demand, the deadline policy's fallback: {exc}") from None
+
+
+def on_demand_usd(config: RunConfig, estimate: Estimate) -> float | None:
+    """What the rest of the run costs should the deadline policy move all of it to on-demand."""
+    c = config.compute
+    if c.launcher == "local":
+        return estimate.hours * quote_emulated(c.emulate, False).usd_per_hour * c.num_nodes
+    return on_demand_can_finish(config, estimate.speeds, estimate.steps * config.train.examples_per_step(world_size(config)))

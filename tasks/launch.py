@@ -19,9 +19,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from tasks.alerts import BudgetGuard
+from tasks.deadline import DeadlineWatch
 from tasks.errors import fails_quietly
 from thrifty.runs import checkpoints, lease
-from thrifty.money.budget import spend_usd, stop_margin_s
+from thrifty.money.budget import TEARDOWN_S, spend_usd, stop_margin_s
 from thrifty.config import ConfigError, RunConfig
 from thrifty.money.estimate import Estimate
 from thrifty.launchers import JobState, JobStatus, LaunchError, Launcher, make_launcher
@@ -133,19 +134,19 @@ class AttemptLog:
 
     def __init__(self, logger: Any):
         self.logger = logger
-        self.ended: set[int] = set()
-        self.started: set[int] = set()
+        self.ended: set[tuple[str, int]] = set()  # (job, attempt): a deadline's move starts a job at attempt 1 again
+        self.started: set[tuple[str, int]] = set()
         self.resumes: set[float] = set()
 
     def attempts(self, attempts: list[Attempt]) -> None:
         for a in attempts:
-            if a.number not in self.started:
-                self.started.add(a.number)
+            if (a.job_id, a.number) not in self.started:
+                self.started.add((a.job_id, a.number))
                 if a.number > 1:
                     self.logger.warning("attempt %d started on %s %s (%s): the job recovers after attempt %d",
                                         a.number, a.cloud, a.instance, "spot" if a.spot else "on-demand", a.number - 1)
-            if a.ended_unix is not None and a.number not in self.ended:
-                self.ended.add(a.number)
+            if a.ended_unix is not None and (a.job_id, a.number) not in self.ended:
+                self.ended.add((a.job_id, a.number))
                 level = logging.WARNING if a.end_reason in ("preempted", "failed") else logging.INFO
                 self.logger.log(level, "attempt %d ended: %s (exit code %s) after %.1f min, $%.5f",
                                 a.number, a.end_reason, a.exit_code, a.hours() * 60, a.cost_usd())
@@ -224,15 +225,23 @@ def launch_and_watch(config: RunConfig, estimate: Estimate | None = None, poll_s
         reattached = job_id is not None
         earlier = [a for a in read_attempts(store, run_id) if a.job_id != job_id]  # the budget is per run
         since = time.time()
+
+        def submit(cfg: RunConfig) -> str:
+            new = launcher.submit(cfg, env={ENV_LEASE_TOKEN: held.token}, estimate=estimate)
+            held.attach(new)
+            return new
+
+        deadline = DeadlineWatch.begin(config, store, estimate, logger, job_id, submit)  # None without a deadline
         if job_id is None:
-            job_id = launcher.submit(config, env={ENV_LEASE_TOKEN: held.token}, estimate=estimate)
+            job_id = deadline.launch() if deadline else launcher.submit(config, env={ENV_LEASE_TOKEN: held.token},
+                                                                        estimate=estimate)
             logger.info("submitted job %s (%s launcher)", job_id, config.compute.launcher)
         else:
             logger.warning("re-attached to job %s of run %s, which an earlier flow run started and no one was "
                            "watching; no second job is rented", job_id, run_id)
         held.attach(job_id)
         guard = BudgetGuard(config, store, run_id, logger, estimate, poll_s)
-        return watch(config, store, launcher, job_id, guard, earlier, since, poll_s, reattached, logger)
+        return watch(config, store, launcher, job_id, guard, earlier, since, poll_s, reattached, logger, deadline)
     finally:
         _stop_requested(run_id)  # one that came as the job ended is spent: it must not stop the run's next job
         beat.stop()
@@ -240,8 +249,10 @@ def launch_and_watch(config: RunConfig, estimate: Estimate | None = None, poll_s
 
 
 def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guard: BudgetGuard,
-          earlier: list[Attempt], since: float, poll_s: float, reattached: bool, logger: Any) -> JobOutcome:
-    """Poll the job to its end. The job's status comes first: a job that has ended is never called over budget."""
+          earlier: list[Attempt], since: float, poll_s: float, reattached: bool, logger: Any,
+          deadline: DeadlineWatch | None = None) -> JobOutcome:
+    """Poll the job to its end. The job's status comes first: a job that has ended is never called over budget.
+    With a ``deadline``, its policy may move the run between spot and on-demand: a graceful stop, a new job."""
     run_id = config.run_name
     steps_note, money_note = progress_notes("starting", 0.0, config.budget.max_usd)
     progress_id = create_progress_artifact(0.0, description=steps_note)
@@ -262,7 +273,13 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
                 recorded = status.attempts
                 said.attempts(status.attempts)
             if status.state.terminal:
-                break
+                move = deadline.stopped_for_move(job_id, status) if deadline else None
+                if move is None:
+                    break
+                earlier = earlier + status.attempts  # stopped for the deadline: one on the other market resumes
+                job_id = deadline.moved(move, status)
+                timer, recorded = CapTimer(launcher, job_id, margin, logger), None
+                continue
             records = read_metrics(store, run_id, since_unix=since)
             said.metrics(records)
             progress = latest_progress(records)
@@ -298,6 +315,13 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
                 status = _wait_terminal(launcher, job_id, margin + 10.0)
                 stopped_at_cap = True
                 break
+            if deadline and deadline.poll(job_id, status, records, earlier, guard.gap_s):
+                timer.disarm()  # the job checkpoints and ends (the move is made once it has: above)
+                launcher.cancel(job_id)
+                if not _wait_terminal(launcher, job_id, config.compute.stop_checkpoint_timeout_s
+                                      + TEARDOWN_S[config.compute.launcher] + 30.0).state.terminal:
+                    logger.warning("deadline: job %s has not ended yet; the move waits for it", job_id)
+                continue
             timer.fired.wait(poll_s)  # a poll interval, cut short when the timer stops the job
     except BaseException:
         timer.disarm()

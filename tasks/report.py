@@ -16,6 +16,7 @@ from thrifty.results import JobOutcome, PrepResult, SmokeResult
 from thrifty.money.savings import SavingsReport
 from thrifty.money.ledger import Attempt, read_attempts
 from thrifty.runs import read_metrics
+from thrifty.spot.deadline_run import deadline_moves, describe, market_split, read_record
 from thrifty.storage import open_store
 
 SAVINGS_TABLE_KEY = "thrifty-savings"  # the cross-run table every run updates
@@ -55,8 +56,9 @@ def _metric(v: float | None) -> str:
 
 
 def render_summary(run_id: str, prep: PrepResult, smoke: SmokeResult, estimate: Estimate, job: JobOutcome,
-                   figures: SavingsReport, attempts: list[Attempt]) -> str:
-    """The run's summary, savings and assumptions; ``attempts`` are the whole run's (every job, resumes included)."""
+                   figures: SavingsReport, attempts: list[Attempt], extra: list[tuple[str, str]] = ()) -> str:
+    """The run's summary, savings and assumptions; ``attempts`` are the whole run's (every job, resumes included);
+    ``extra`` rows follow the attempts (the deadline's)."""
     summary = job.summary
     best = summary.best_metric if summary else None
     final = summary.final_metrics if summary else {}
@@ -73,6 +75,7 @@ def render_summary(run_id: str, prep: PrepResult, smoke: SmokeResult, estimate: 
         ("job", f"`{job.job_id}` {job.state.lower()}: {job.message}"),
         ("attempts", f"{len(attempts)} in {jobs} job(s), {preemptions} preemption(s) survived"
                      + (f", {summary.resumes} resume(s)" if summary else "")),
+        *extra,
     ]
     if summary:
         rows += [
@@ -113,6 +116,18 @@ def render_summary(run_id: str, prep: PrepResult, smoke: SmokeResult, estimate: 
     return "\n".join(lines) + "\n"
 
 
+def deadline_rows(config: RunConfig, attempts: list[Attempt]) -> list[tuple[str, str]]:
+    """Time and dollars on each market; with a deadline, whether it was met and the moves that met it."""
+    split = market_split(attempts)
+    rows = [("markets", "; ".join(f"{name.replace('_', '-')} {h * 60:.1f} min ${usd(d)}" for name, (h, d) in split.items()
+                                  if h > 0) or "-")]
+    record = read_record(open_store(config.store), config.run_name) if deadline_moves(config) else None
+    if record is not None:
+        done = [a.ended_unix for a in attempts if a.end_reason == "succeeded" and a.ended_unix is not None]
+        rows.append(("deadline", describe(record, max(done) if done else None)))
+    return rows
+
+
 def attempt_rows(attempts: list[Attempt]) -> list[dict[str, Any]]:
     """The attempts table: few, short columns, so it fits the UI without scrolling sideways."""
     return [{"attempt": a.number, "instance": f"{a.cloud} {a.instance}" + (f" x{a.nodes}" if a.nodes > 1 else ""),
@@ -140,7 +155,7 @@ def report(config: RunConfig, prep: PrepResult, smoke: SmokeResult, estimate: Es
     savings.write(store, figures)
 
     curve = loss_and_spend_chart(metrics, attempts, config.budget.max_usd)
-    markdown = (render_summary(run_id, prep, smoke, estimate, job, figures, attempts)
+    markdown = (render_summary(run_id, prep, smoke, estimate, job, figures, attempts, deadline_rows(config, attempts))
                 + "## Loss and spend\n\n" + curve)
     create_markdown_artifact(markdown, key=artifact_key(run_id, "summary"), description=f"Thrifty run {run_id}")
     create_table_artifact(attempt_rows(attempts), key=artifact_key(run_id, "attempts"),

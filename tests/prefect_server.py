@@ -173,7 +173,7 @@ def deployed_server(home: Path, ui: bool = False, deploy_args: tuple[str, ...] =
         server.stop_all()
 
 
-# the worker's training jobs take at least 2 ms a step (training.boundary): a run of N steps lasts at least N x 2 ms
+# the worker's training jobs take at least 2 ms a step (thrifty.faults.pace): a run of N steps lasts at least N x 2 ms
 # on any machine, so a test can know that a budget runs out before the end
 WORKER_ENV = {"THRIFTY_MIN_STEP_S": "0.002"}
 SHARED = "deployed_ui_server"  # the fixture's name: the modules that request it run one after another (conftest)

@@ -267,11 +267,9 @@ def messages(received: list[dict], run: str) -> list[str]:
 
 
 def paced(monkeypatch, step_s: float) -> float:
-    """A fixed speed: every step takes at least ``step_s`` (training.boundary), so a run of N steps lasts at least
+    """A fixed speed: every step takes at least ``step_s`` (thrifty.faults.pace), so a run of N steps lasts at least
     N * step_s seconds on any machine, and costs at least that many seconds of its instance."""
-    from training.boundary import ENV_MIN_STEP_S
-
-    monkeypatch.setenv(ENV_MIN_STEP_S, str(step_s))  # the local launcher passes its environment to the node
+    monkeypatch.setenv("THRIFTY_MIN_STEP_S", str(step_s))  # the local launcher passes its environment to the node
     return step_s
 
 

@@ -93,7 +93,7 @@ def reference(tmp_path_factory) -> dict:
 def test_random_kills_and_sigterms_end_bit_exact_and_leave_nothing_behind(tmp_path, where, request, reference):
     private_tmp = tmp_path / "tmpdir"
     private_tmp.mkdir()
-    # a fixed pace (training.boundary): a stop from outside lands a few steps after the one seen, on any machine
+    # a fixed pace (thrifty.faults.pace): a stop from outside lands a few steps after the one seen, on any machine
     env = {**python_env(), "TMPDIR": str(private_tmp), "THRIFTY_SPOOL": str(tmp_path / "spool"),
            "THRIFTY_MIN_STEP_S": "0.01"}
 

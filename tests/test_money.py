@@ -75,7 +75,7 @@ def training_steps(store: Path) -> bool:
 def test_one_run_one_job_and_the_node_holds_the_cap_when_its_flow_is_killed(prefect_harness, tmp_path):
     store_dir = tmp_path / "store"
     cfg = config_file(tmp_path, store_dir)
-    # a fixed pace (training.boundary): 178,000 steps of at least 5 ms cannot end before the cap on any machine
+    # a fixed pace (thrifty.faults.pace): 178,000 steps of at least 5 ms cannot end before the cap on any machine
     paced = {**cli_env(), "THRIFTY_MIN_STEP_S": "0.005"}
     first = subprocess.Popen([*THRIFTY, "run", "--config", str(cfg)], env=paced, cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

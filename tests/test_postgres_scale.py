@@ -33,7 +33,7 @@ TRAIN, NIGHTLY = "thrifty-train/train", "thrifty-train/nightly-retrain"
 # Prefect's flow heartbeat is 30 s at the least (prefect.yaml beats every 30 s): two missed beats, where the deployed
 # automation waits for three, still leaves a live run a whole beat of slack on a loaded machine
 ZOMBIE_WINDOW_S = 60
-# the workers' training jobs take at least 10 ms a step (training.boundary): the run killed mid-run below (800 steps)
+# the workers' training jobs take at least 10 ms a step (thrifty.faults.pace): the run killed mid-run below (800 steps)
 # is still training when the kill comes, however fast this machine trains
 PACE = {"THRIFTY_MIN_STEP_S": "0.01"}
 

@@ -15,7 +15,7 @@ from thrifty.config import build_config
 from thrifty.launchers.base import JobState
 from thrifty.launchers.local import LocalLauncher
 from thrifty.protocol import ENV_PREEMPT_AT_STEP
-from training.boundary import ENV_MIN_STEP_S, StepBoundary
+from training.boundary import StepBoundary
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def check_landed(cfg, mode: str, recs: list[dict]) -> None:
 @pytest.mark.parametrize("mode, pace_s", [("sigterm", 0.0), ("kill", 0.05)])  # a fast run, a slow one
 def test_the_recipe_loop_is_preempted_at_exactly_the_step_asked(tmp_path, monkeypatch, mode, pace_s):
     if pace_s:
-        monkeypatch.setenv(ENV_MIN_STEP_S, str(pace_s))  # a slow machine: 20 steps a second
+        monkeypatch.setenv("THRIFTY_MIN_STEP_S", str(pace_s))  # a slow machine: 20 steps a second
     cfg = build_config({
         "run_name": f"at-{mode}", "recipe": "digits", "recipe_params": {"hidden": 16, "limit": 400},
         "store": str(tmp_path / "store"),

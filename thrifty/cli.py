@@ -143,6 +143,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from thrifty.spot import simulate, simulate_inputs, simulate_report
 
+    if args.deadline_h is not None:
+        return _simulate_deadline(args)
     plan, model, notes = simulate_inputs.build(args, resolved_config(args))
     try:
         sim = simulate.simulate(plan, model, trials=args.trials, seed=args.seed, extra=tuple(args.every or ()),
@@ -150,13 +152,34 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(f"{exc}: check --save-s, --restart-s and the preemption data") from None
     print(simulate_report.table_text(sim), end="")
-    if args.chart:
-        try:
-            Path(args.chart).write_text(simulate_report.chart_svg(sim))
-        except OSError as exc:
-            raise ConfigError(f"--chart {args.chart}: cannot write it ({exc.strerror}); pick a writable path") from None
-        print(f"chart: {args.chart}")
+    _write_chart(args.chart, simulate_report.chart_svg(sim))
     return EXIT_OK
+
+
+def _simulate_deadline(args: argparse.Namespace) -> int:
+    """``thrifty simulate --deadline-h``: the deadline policies over availability traces, from many start points."""
+    from thrifty.spot import deadline_inputs, deadline_report, deadline_sim
+
+    job, traces, policies, notes = deadline_inputs.build(args, resolved_config(args))
+    try:
+        study = deadline_sim.run_study(job, traces, policies, args.starts, args.spot_visible, notes)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}: give longer traces (--trace-hours) or a shorter --deadline-h") from None
+    print(deadline_report.table_text(study), end="")
+    _write_chart(args.chart, deadline_report.chart_svg(study))
+    return EXIT_OK
+
+
+def _write_chart(path: str | None, svg: str) -> None:
+    if not path:
+        return
+    from pathlib import Path
+
+    try:
+        Path(path).write_text(svg)
+    except OSError as exc:
+        raise ConfigError(f"--chart {path}: cannot write it ({exc.strerror}); pick a writable path") from None
+    print(f"chart: {path}")
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
@@ -297,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("simulate", help="replay spot preemptions against the planned run: expected wall time, dollars "
-                                        "and lost work per checkpoint interval, against on-demand")
+                                        "and lost work per checkpoint interval, against on-demand; with --deadline-h, "
+                                        "the deadline policies over spot availability traces")
     add_config_args(p)
     _simulate_options(p)
     p.set_defaults(func=cmd_simulate)
@@ -393,7 +417,11 @@ def _simulate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--every", type=int, action="append", metavar="STEPS", help="also simulate this interval (repeatable)")
     p.add_argument("--trials", type=int, default=2000, help="Monte Carlo runs per interval (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--chart", metavar="PATH", help="also draw the expected cost per interval as an SVG file")
+    p.add_argument("--chart", metavar="PATH", help="also draw the expected cost per interval (with --deadline-h: per "
+                   "policy) as an SVG file")
+    from thrifty.spot.deadline_options import add_options
+
+    add_options(p)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Fault points for crash tests: ``THRIFTY_FAULT=<point>:<n>`` SIGKILLs this process the n-th time it passes ``point``.
+"""Fault points for crash tests: ``THRIFTY_FAULT=<point>:<n>`` SIGKILLs this process the n-th time it passes ``point``;
+``THRIFTY_MIN_STEP_S=<s>`` makes every optimizer step take at least that long (a fixed emulated speed).
 
 Points: ``step`` (after an optimizer step), ``during_data`` (a write call inside a checkpoint's data),
 ``after_data`` (checkpoint data written, commit not yet), ``after_commit``, ``archive_move`` (an
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 
 def fault_point(point: str) -> None:
@@ -22,3 +24,14 @@ def fault_point(point: str) -> None:
     os.environ[counter] = str(hits)
     if hits == int(spec.split(":", 1)[1]):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pace(step_started: float) -> None:
+    """Hold an optimizer step that began at ``step_started`` (``time.perf_counter()``) until ``THRIFTY_MIN_STEP_S``
+    has passed: tests that place events in wall time (a spot trace, a deadline) train at a known speed whatever the
+    machine. Unset in normal runs (one dictionary lookup)."""
+    spec = os.environ.get("THRIFTY_MIN_STEP_S")
+    if spec:
+        left = float(spec) - (time.perf_counter() - step_started)
+        if left > 0:
+            time.sleep(left)

@@ -1,4 +1,4 @@
-"""What the local launcher's emulation asks of a node at a step boundary: its preemption, at exactly the step asked.
+"""The local launcher's preemption, at exactly the step asked: what a node does at its step boundary.
 
 ``compute.preempt_after_steps`` reaches the node in ``$THRIFTY_PREEMPT_AT_STEP``. The node that is to be hit
 (``compute.preempt_node``) finishes that step, stops there, says so in a flag file and waits: the launcher, which
@@ -7,9 +7,6 @@ for ``preempt_mode: kill``). So the notice, or the kill, lands at that step howe
 notice checkpoints that step, a kill loses the steps since the last checkpoint, as on a cloud. Should its launcher
 be gone (its process ended: a killed `thrifty run` leaves its job training on), the node trains on: nobody would
 restart a preempted job.
-
-Tests may also fix the node's speed: ``$THRIFTY_MIN_STEP_S`` makes every step boundary come at least that long
-after the one before, so a budget or a time in a test is crossed at a step it can know, on any machine.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
@@ -29,7 +26,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("thrifty.train")
 
-ENV_MIN_STEP_S = "THRIFTY_MIN_STEP_S"  # tests: the least seconds between two step boundaries (a fixed, known speed)
 ANSWER_S = 600.0  # the most a node waits at its preemption step for a launcher that is still alive
 WAIT_POLL_S = 0.005
 
@@ -40,12 +36,10 @@ class StepBoundary:
     mode: str = "sigterm"  # sigterm (a notice, then grace) | kill
     flag: Path | None = None  # the file that tells the launcher this node waits at its preemption step
     launcher_pid: int | None = None  # the process that will preempt it (None: wait up to ANSWER_S)
-    min_step_s: float = 0.0
-    last: float = field(default_factory=time.perf_counter)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "StepBoundary":
-        boundary = cls(min_step_s=float(env.get(ENV_MIN_STEP_S) or 0.0))
+        boundary = cls()
         spec = json.loads(env[ENV_PREEMPT_AT_STEP]) if env.get(ENV_PREEMPT_AT_STEP) else None
         if spec and int(env.get("SKYPILOT_NODE_RANK") or 0) == int(spec.get("node") or 0):
             boundary.preempt_at, boundary.mode, boundary.flag = int(spec["step"]), spec["mode"], Path(spec["flag"])
@@ -53,10 +47,7 @@ class StepBoundary:
         return boundary
 
     def passed(self, step: int, stop: "StopSignal") -> None:
-        """``step`` is done (and saved, if it was due): pace it, then take the preemption if it is due here."""
-        if self.min_step_s:
-            time.sleep(max(0.0, self.last + self.min_step_s - time.perf_counter()))
-            self.last = time.perf_counter()
+        """``step`` is done (and saved, if it was due): take the preemption if it is due here."""
         if self.preempt_at is None or step < self.preempt_at or stop.signum is not None:
             return
         self.preempt_at = None  # one injected preemption per job

@@ -24,7 +24,7 @@ import torch
 from thrifty.config import ConfigError, RunConfig
 from thrifty.config.run import PAUSE_AND_IO_FIELDS
 from thrifty.runs import lease
-from thrifty.faults import fault_point
+from thrifty.faults import fault_point, pace
 from thrifty.launchers.identity import identify
 from thrifty.money.meter import NodeMeter, node_job_id
 from thrifty.spot.preemption import config_mtbp, node_mtbp
@@ -332,6 +332,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             ema.update_parameters(model)
         state.step += 1
         state.batch_in_epoch += 1
+        pace(t0)
         step_time = time.perf_counter() - t0
         state.data_wait_s += wait
         recent_step_s.append(step_time)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from thrifty.config import ConfigError, RunConfig, script_config
-from thrifty.faults import fault_point
+from thrifty.faults import fault_point, pace
 from thrifty.launchers.identity import identify
 from thrifty.money.meter import NodeMeter
 from thrifty.spot.preemption import config_mtbp, node_mtbp
@@ -222,6 +222,7 @@ class Session:
         ``total_steps=N`` tells the run's length."""
         step = int(step)
         fault_point("step")  # crash tests: a kill -9 after a step, before it is logged or saved
+        pace(self._last_log[1] if self._last_log else self._t0)  # tests: a fixed speed, a step since the last log
         self._start()
         self._poll(step)
         total = metrics.pop("total_steps", None)

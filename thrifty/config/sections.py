@@ -125,6 +125,25 @@ class TrainConfig(_Frozen):
         return min(total, self.stop_at_epoch * self.steps_per_epoch(n_train, world))
 
 
+class SpotTraceMetadata(_Frozen):
+    gap_seconds: float = Field(gt=0.0, description="Seconds between ticks (s).")
+
+
+class SpotTraceConfig(_Frozen):
+    """A spot availability trace, inline, in the public format of the Can't-Be-Late data set."""
+
+    metadata: SpotTraceMetadata = Field(description="The trace's tick length.")
+    data: list[int] = Field(min_length=1, description="Per tick: spot instances available (1 = there, 0 = gone).")
+    prices: list[float] | None = Field(None, description="Optional: spot USD/hour per tick (ignored when emulating).")
+
+    @field_validator("data")
+    @classmethod
+    def _counts(cls, v: list[int]) -> list[int]:
+        if any(x < 0 for x in v):
+            raise ValueError("spot_trace data holds counts of available instances: 0, 1, ... (none below 0)")
+        return v
+
+
 class ComputeConfig(_Frozen):
     launcher: Literal["local", "skypilot"] = Field("local", description="local = emulated spot on this machine.")
     clouds: list[Literal["aws", "gcp", "azure", "kubernetes"]] = Field(
@@ -150,7 +169,31 @@ class ComputeConfig(_Frozen):
     deadline_h: float | None = Field(
         None, gt=0.0,
         description="Optional: the run must finish within this many hours of launch, start-up included (hours). "
-        "Candidates whose estimated runtime exceeds it are left out; with none left the run is refused.",
+        "Candidates whose estimated runtime exceeds it are left out; with none left the run is refused. With "
+        "use_spot, deadline_policy moves the job between spot and on-demand to finish in time.",
+    )
+    deadline_policy: Literal["uniform_progress", "greedy", "on_demand"] = Field(
+        "uniform_progress",
+        description="With deadline_h and use_spot, how the watch loop meets the deadline. uniform_progress: spot "
+        "while progress keeps pace with an even spread of the work to the deadline; on-demand when spot capacity is "
+        "gone and progress falls behind, or when the slack left is down to a changeover plus the safety margin; back "
+        "to spot once ahead by deadline_hysteresis_s. greedy: spot while the slack lasts, then on-demand to the end. "
+        "on_demand: on-demand throughout.",
+    )
+    deadline_changeover_s: float | None = Field(
+        None, gt=0.0,
+        description="What moving the job between spot and on-demand costs: a stop with a checkpoint, start-up and "
+        "resume (s). null = measured on this run's attempts, at least the estimate's start-up.",
+    )
+    deadline_safety_margin_s: float | None = Field(
+        None, ge=0.0,
+        description="Slack kept beyond one changeover before the run moves to on-demand for good (s). null = one "
+        "changeover.",
+    )
+    deadline_hysteresis_s: float | None = Field(
+        None, ge=0.0,
+        description="How far ahead of the even spread of the work (in seconds of work) the run must be to leave "
+        "on-demand for spot; doubled after each move to spot that found no capacity (s). null = two changeovers.",
     )
     job_recovery_strategy: Literal["EAGER_NEXT_REGION", "FAILOVER"] = Field(
         "EAGER_NEXT_REGION", description="SkyPilot: after a preemption, try another region at once, or retry the same region first."
@@ -177,6 +220,11 @@ class ComputeConfig(_Frozen):
     preempt_node: int | None = Field(
         None, ge=0, description="Local launcher, num_nodes > 1: the node (0-based) the injected preemption hits; "
         "null = the last one.")
+    spot_trace: Union[str, SpotTraceConfig, None] = Field(
+        None, description="Local launcher: spot capacity follows this availability trace from the run's first job: "
+        "a JSON file path, or inline, in the public format {metadata: {gap_seconds: N}, data: [1, 1, 0, ...]} (1 = "
+        "spot there, 0 = gone; counts for several nodes). The spot job is preempted when it goes and waits, unbilled, "
+        "until it is back; after the last tick its value holds. null = spot always there.")
 
     @field_validator("accelerators")
     @classmethod
@@ -200,6 +248,13 @@ class ComputeConfig(_Frozen):
             if not re.fullmatch(r"(aws|gcp|azure)/[a-z0-9\-]+", r):
                 raise ValueError(f"region {r!r} must look like CLOUD/REGION, e.g. 'aws/us-east-1' or 'gcp/us-central1'")
         return v
+
+    @model_validator(mode="after")
+    def _trace_is_local(self) -> "ComputeConfig":
+        if self.spot_trace is not None and self.launcher != "local":
+            raise ValueError("spot_trace emulates spot capacity for the local launcher; remove it with "
+                             f"launcher={self.launcher} (the cloud's own capacity decides there)")
+        return self
 
     @model_validator(mode="after")
     def _regions_in_clouds(self) -> "ComputeConfig":

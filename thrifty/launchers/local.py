@@ -24,6 +24,7 @@ from pathlib import Path
 
 from thrifty.money.budget import TEARDOWN_S
 from thrifty.config import RunConfig
+from thrifty.launchers.availability import SpotMarket, spot_trace
 from thrifty.launchers.base import (JobState, JobStatus, LaunchError, free_loopback_port, node_env, skypilot_node_vars,
                                     torchrun_command)
 from thrifty.launchers.notice import children_of, send_sigterm
@@ -41,8 +42,9 @@ NODE_END_GRACE_S = 15.0  # after one node of a multi-node job ends, the others' 
 
 
 class _Job:
-    def __init__(self, job_id: str, cfg: RunConfig, log_dir: Path, env: dict[str, str]):
+    def __init__(self, job_id: str, cfg: RunConfig, log_dir: Path, env: dict[str, str], market: SpotMarket | None = None):
         self.job_id, self.cfg, self.log_dir, self.env = job_id, cfg, log_dir, env
+        self.market = market  # spot capacity by compute.spot_trace (spot jobs only)
         self.state = JobState.PENDING
         self.attempts: list[Attempt] = []
         self.message = ""
@@ -63,6 +65,12 @@ class _Job:
     def _recover(self) -> None:
         failures = 0
         while True:
+            if self.market is not None and not self.market.available():
+                self._set(JobState.RECOVERING if self.attempts else JobState.PENDING,
+                          "no spot capacity (compute.spot_trace): waiting for it, unbilled")
+                if not self.market.wait(self.cancel_requested):
+                    self._set(JobState.CANCELLED, "cancelled while waiting for spot capacity")
+                    return
             reason, code = self._run_attempt()
             if reason == "succeeded":
                 self._set(JobState.SUCCEEDED, "training finished")
@@ -114,6 +122,10 @@ class _Job:
                             f", node {hit} of {len(procs)}" if len(procs) > 1 else "",
                             f" at step {json.loads(flag.read_text())['step']}" if flag.exists() else "")
                 self._stop(procs[hit], graceful=c.preempt_mode == "sigterm")
+                reason = "preempted"
+            elif self.market is not None and not self.market.available():
+                log.warning("spot capacity gone (compute.spot_trace): preempting attempt %d", attempt.number)
+                self._stop_all(procs, graceful=True)
                 reason = "preempted"
             else:
                 time.sleep(POLL_S)
@@ -224,6 +236,7 @@ class LocalLauncher:
 
     def __init__(self, cfg: RunConfig | None = None) -> None:
         self._jobs: dict[str, _Job] = {}
+        self._trace_origin: dict[str, float] = {}  # run -> when its first job here started: the trace's tick 0
 
     def submit(self, cfg: RunConfig, env: dict[str, str] | None = None, estimate: object = None) -> str:
         # ``estimate`` ranks cloud candidates; here there is one machine, this one
@@ -231,7 +244,10 @@ class LocalLauncher:
         job_id = f"local-{cfg.run_name}-{uuid.uuid4().hex[:8]}"
         # attempt logs beside the run in a local store (runs/<id>/logs/<job>/), else in the temp directory
         log_dir = open_store(cfg.store).local_path(run_key(cfg.run_name, "logs", job_id))
-        job = _Job(job_id, cfg, log_dir or Path(tempfile.gettempdir()) / "thrifty-logs" / job_id, env or {})
+        origin = self._trace_origin.setdefault(cfg.run_name, time.time())
+        trace = spot_trace(cfg) if cfg.compute.use_spot else None  # an unreadable trace fails here, not mid-job
+        market = SpotMarket(trace, origin) if trace is not None else None
+        job = _Job(job_id, cfg, log_dir or Path(tempfile.gettempdir()) / "thrifty-logs" / job_id, env or {}, market)
         self._jobs[job_id] = job
         job.thread.start()
         return job_id

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from thrifty.config import ConfigError, RunConfig
 from thrifty.launchers import make_launcher
+from thrifty.launchers.availability import spot_trace
 from thrifty.money.pricing import PricingError, quote_emulated
+from thrifty.spot.deadline_run import deadline_moves
 from thrifty.storage import StoreError, check_store
 
 
@@ -14,8 +16,11 @@ def check_before_spending(cfg: RunConfig) -> None:
     if cfg.compute.launcher == "local":
         try:
             quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)
+            if deadline_moves(cfg):  # the deadline policy may move the job to on-demand: it needs that price too
+                quote_emulated(cfg.compute.emulate, False)
         except PricingError as exc:
             raise ConfigError(f"'compute.emulate': {exc} Pick one of those for the local launcher to meter.") from None
+        spot_trace(cfg)  # a trace that cannot be read is a ConfigError
     elif cfg.compute.launcher == "skypilot":
         from thrifty.launchers.skypilot import preflight as skypilot_preflight
 

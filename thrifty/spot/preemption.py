@@ -43,6 +43,8 @@ class TraceRow:
     up_p50_h: float | None
     up_p90_h: float | None
     mean_outage_hours: float | None
+    out_p50_h: float | None = None  # outage lengths (spot gone until it is back): median and 90th percentile
+    out_p90_h: float | None = None
 
 
 @functools.lru_cache(maxsize=1)

@@ -51,6 +51,13 @@ class Exponential:
         return f"exponential lifetimes, mean {self.mean_s / 3600:.2f} h"
 
 
+def quantile_piece(p50_s: float, p90_s: float, mean_s: float) -> tuple[float, float, float]:
+    """(p50, p90, the mean of the exponential tail beyond p90) so that the piecewise quantile function's mean is
+    ``mean_s``; a trace whose quantiles outweigh its mean gets a thin tail."""
+    body = 0.25 * p50_s + 0.2 * (p50_s + p90_s)  # the mean's share below p90
+    return p50_s, p90_s, max((mean_s - body) / 0.1 - p90_s, 0.05 * p90_s)
+
+
 @dataclass(frozen=True)
 class RunLengths:
     """Lifetimes resampled from the traces' run-length quantiles: a mixture over traces (weighted by their runs),
@@ -67,10 +74,8 @@ class RunLengths:
         for r in stats.rows:
             if not r.preemptions or r.up_p50_h is None or r.up_p90_h is None or r.M_hours is None:
                 continue
-            p50, p90, mean = r.up_p50_h * 3600, r.up_p90_h * 3600, r.M_hours * 3600
-            body = 0.25 * p50 + 0.2 * (p50 + p90)  # the mean's share below p90
-            tail = max((mean - body) / 0.1 - p90, 0.05 * p90)  # a trace whose quantiles outweigh its mean: a thin tail
-            pieces.append((float(r.preemptions), p50, p90, tail))
+            pieces.append((float(r.preemptions), *quantile_piece(r.up_p50_h * 3600, r.up_p90_h * 3600,
+                                                                  r.M_hours * 3600)))
         if not pieces:
             raise ValueError(f"the shipped statistics of {stats.cloud} {stats.instance} have no run-length quantiles "
                              "with a preemption")
