@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from thrifty.config import build_config  # noqa: E402
+from thrifty.config import ENV_VAR, build_config  # noqa: E402
 from thrifty.launchers.base import node_env  # noqa: E402
 from thrifty.money.meter import Price  # noqa: E402
 from thrifty.money.pricing import quote_emulated  # noqa: E402
@@ -60,21 +60,21 @@ def export_tree(rev: str, into: Path) -> Path:
     return into
 
 
-def config(recipe: str, store: Path):
+def config(recipe: str, store: Path) -> dict:
+    """The run's settings as a user writes them: each tree fills in its own defaults (the trees' RunConfigs differ)."""
     spec = RECIPES[recipe]
-    return build_config({
-        "run_name": f"startup-{recipe}", "recipe": recipe, "store": str(store), "recipe_params": spec["recipe_params"],
-        "train": {"max_epochs": 50, "precision": "fp32", "device": "cpu", "checkpoint_every": 10, "log_every": 1,
-                  "async_checkpoint": False, "early_stopping": {"enabled": False}, **spec["train"]},
-    })
+    return {"run_name": f"startup-{recipe}", "recipe": recipe, "store": str(store), "recipe_params": spec["recipe_params"],
+            "train": {"max_epochs": 50, "precision": "fp32", "device": "cpu", "checkpoint_every": 10, "log_every": 1,
+                      "async_checkpoint": False, "early_stopping": {"enabled": False}, **spec["train"]}}
 
 
-def node(cfg, tree: Path, tmp: Path, fault: str) -> dict[str, str]:
+def node(cfg: dict, tree: Path, tmp: Path, fault: str) -> dict[str, str]:
     """The environment the local launcher gives a node (thrifty.launchers.local), on ``tree``'s code."""
     q = quote_emulated("aws:g5.xlarge", True)
     price = Price(q.cloud, q.instance, True, q.usd_per_hour, q.accelerator, q.source)
     env = {k: v for k, v in os.environ.items() if not k.startswith("THRIFTY_")}
-    return {**env, **node_env(cfg, [price]), ENV_JOB_ID: "local-bench", ENV_BILLING_START: repr(time.time()),
+    return {**env, **node_env(build_config(cfg), [price]), ENV_VAR: json.dumps(cfg), ENV_JOB_ID: "local-bench",
+            ENV_BILLING_START: repr(time.time()),
             ENV_LEASE_TOKEN: "bench", "THRIFTY_FAULT": fault, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1",
             "HOME": str(tmp / "home"), "TMPDIR": str(tmp / "tmp"), "THRIFTY_LOCAL_CACHE": str(tmp / "shard-cache")}
 
@@ -102,7 +102,7 @@ def prepare(cfg, tree: Path, tmp: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "training"], env=node(cfg, tree, tmp, "after_commit:1"), cwd=tmp,
                          capture_output=True, text=True, timeout=1800)
     if out.returncode != -9:
-        raise SystemExit(f"preparing {cfg.recipe} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+        raise SystemExit(f"preparing {cfg['recipe']} failed ({out.returncode}):\n{out.stderr[-3000:]}")
 
 
 def main() -> int:
