@@ -15,6 +15,7 @@ compiled model or step is traced exactly as torch intends; what never compiles n
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -56,6 +57,7 @@ def _disable(fn: Callable[..., Any] | None = None, recursive: bool = True, **kwa
             return _real().disable(fn, recursive, **kwargs)
         _marked.append(fn)
 
+    @functools.wraps(fn)
     def call(*args: Any, **kw: Any) -> Any:
         if isinstance(sys.modules.get(NAME), _StandIn):
             return fn(*args, **kw)
