@@ -110,15 +110,15 @@ class Server:
         }
         self.procs: list[subprocess.Popen] = []
 
-    def spawn(self, name: str, *args: str) -> subprocess.Popen:
+    def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.home / f"{name}.log", "w")
-        proc = subprocess.Popen([str(BIN / "prefect"), *args], cwd=REPO, env=self.env,
+        proc = subprocess.Popen([str(BIN / "prefect"), *args], cwd=REPO, env={**self.env, **(env or {})},
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         self.procs.append(proc)
         return proc
 
-    def wait_healthy(self, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    def wait_healthy(self, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"prefect server exited {proc.returncode}:\n{tail(self.home / 'server.log')}"
@@ -173,6 +173,9 @@ def deployed_server(home: Path, ui: bool = False, deploy_args: tuple[str, ...] =
         server.stop_all()
 
 
+# the worker's training jobs take at least 2 ms a step (thrifty.faults.pace): a run of N steps lasts at least N x 2 ms
+# on any machine, so a test can know that a budget runs out before the end
+WORKER_ENV = {"THRIFTY_MIN_STEP_S": "0.002"}
 SHARED = "deployed_ui_server"  # the fixture's name: the modules that request it run one after another (conftest)
 _shared: dict[str, Any] = {}  # the running server and the ExitStack that stops it
 
@@ -193,7 +196,7 @@ def deployed_ui_server(tmp_path_factory, request) -> Iterator[Server]:
     if "server" not in _shared:
         stack = ExitStack()
         server = stack.enter_context(deployed_server(tmp_path_factory.mktemp("prefect-deployed"), ui=True))
-        server.worker = server.spawn("worker", "worker", "start", "--pool", WORK_POOL)
+        server.worker = server.spawn("worker", "worker", "start", "--pool", WORK_POOL, env=WORKER_ENV)
         _shared.update(server=server, stack=stack)
     yield _shared["server"]
     if not _next_module_uses_it(request):

@@ -193,9 +193,10 @@ def test_the_cap_timer_stops_the_job_on_time_whatever_the_loop_is_doing():
     t0 = _time.monotonic()
     timer.arm(spend_usd=0.0, burn_usd_per_hour=36_000.0, max_usd=100.0)  # $10 a second: $100 lasts 10 s
     timer.arm(spend_usd=0.0, burn_usd_per_hour=36_000.0, max_usd=10.0)  # re-armed: $10 lasts 1 s, less the margin
-    assert timer.fired.wait(5.0)
+    assert timer.fired.wait(30.0)
     [(job, deadline, when)] = calls
-    assert job == "j" and deadline == 0.5 and 0.3 <= when - t0 <= 2.0
+    # at 0.5 s, not before; the first arming's timer (9.5 s) was replaced: its firing would come after 9 s
+    assert job == "j" and deadline == 0.5 and 0.3 <= when - t0 < 9.0
     timer.arm(0.0, 36_000.0, 10.0)  # fired once: never again
     _time.sleep(0.8)
     assert len(calls) == 1
@@ -252,8 +253,7 @@ def webhook(prefect_harness):
 
 def run_config(store: Path, run_name: str, train: dict | None = None, **budget):
     return build_config({
-        "run_name": run_name, "recipe": "digits", "store": str(store),
-        "recipe_params": {"hidden": 512},  # slow enough that the cap lands mid-training, even on a quiet machine
+        "run_name": run_name, "recipe": "digits", "store": str(store), "recipe_params": {"hidden": 64},
         "train": {"max_epochs": 60, "micro_batch": 16, "precision": "fp32", "checkpoint_every": 25, "log_every": 5,
                   **(train or {})},
         # p5.48xlarge spot (~$39/h = ~1 cent a second) makes a seconds-long local run cost real cents
@@ -267,11 +267,27 @@ def messages(received: list[dict], run: str) -> list[str]:
     return [m["body"] for m in received if f"run {run} " in m["body"]]
 
 
-def test_one_alert_per_threshold_crossed(webhook, tmp_path):
+def paced(monkeypatch, step_s: float) -> float:
+    """A fixed speed: every step takes at least ``step_s`` (thrifty.faults.pace), so a run of N steps lasts at least
+    N * step_s seconds on any machine, and costs at least that many seconds of its instance."""
+    monkeypatch.setenv("THRIFTY_MIN_STEP_S", str(step_s))  # the local launcher passes its environment to the node
+    return step_s
+
+
+def p5_usd_per_s() -> float:
+    from thrifty.money.pricing import quote_emulated
+
+    return quote_emulated("aws:p5.48xlarge", True).usd_per_hour / 3600  # what the runs below are metered at
+
+
+def test_one_alert_per_threshold_crossed(webhook, tmp_path, monkeypatch):
     from flows.train_pipeline import train_pipeline
 
     webhook.clear()
-    cfg = run_config(tmp_path / "store", "alerts", max_usd=1.0, thresholds=[0.02, 0.04],
+    step_s = paced(monkeypatch, 0.01)
+    train = {"max_epochs": 6, "early_stopping": {"enabled": False}}  # 6 x 89 steps
+    assert 6 * 89 * step_s * p5_usd_per_s() > 0.05, "the steps alone cost more than both thresholds"
+    cfg = run_config(tmp_path / "store", "alerts", train, max_usd=1.0, thresholds=[0.02, 0.04],
                      burn_rate_alert_usd_per_hour=10.0)
     out = train_pipeline(cfg, poll_s=0.2)
     assert out.cost_usd > 0.04, "the run must cost enough to cross both thresholds"
@@ -286,7 +302,7 @@ def test_one_alert_per_threshold_crossed(webhook, tmp_path):
     assert len(alerts["fired"]) == 2
 
 
-def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook, tmp_path, capsys):
+def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook, tmp_path, capsys, monkeypatch):
     from flows.train_pipeline import train_pipeline
     from thrifty.money import savings
     from thrifty.money.budget import spend_usd
@@ -295,8 +311,10 @@ def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook,
 
     store = tmp_path / "store"
     cap = 0.25  # ~23 s at ~1 cent a second: training is well under way even when start-up is slow
-    # no early stopping and many epochs: the run cannot finish before the cap
-    long_run = {"max_epochs": 300, "early_stopping": {"enabled": False}}
+    # no early stopping, a fixed speed: the run's steps alone cost more than the cap, so it cannot finish before it
+    step_s = paced(monkeypatch, 0.02)
+    long_run = {"max_epochs": 30, "early_stopping": {"enabled": False}}  # 30 x 89 steps
+    assert 30 * 89 * step_s * p5_usd_per_s() > 2 * cap
     state = train_pipeline(run_config(store, "capped", long_run, max_usd=cap, burn_rate_alert_usd_per_hour=None),
                            poll_s=0.2, return_state=True)
     assert state.is_failed() and state.name == "StoppedAtCap", state
@@ -313,6 +331,7 @@ def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook,
     assert report is not None and report.state == "budget" and report.actual_usd == pytest.approx(spent, abs=1e-5)
     assert any("capped stopped at its budget cap: spent $" in m for m in messages(webhook, "capped")), "on_failure hook"
 
+    monkeypatch.delenv("THRIFTY_MIN_STEP_S")  # the rest at this machine's speed
     out = train_pipeline(run_config(store, "capped", max_usd=5.0, burn_rate_alert_usd_per_hour=None), poll_s=0.2)
     summary = out.summary
     assert summary.resumes >= 1 and summary.status in ("completed", "stopped_early")

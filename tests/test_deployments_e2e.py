@@ -18,7 +18,7 @@ from prefect import Flow
 
 from deployments.deploy import WORK_POOL, WORK_POOL_TYPE
 from conftest import REPO, python_env
-from prefect_server import BIN, Server, tail
+from prefect_server import BIN, WORKER_ENV, Server, tail
 from thrifty.archive import build_settings
 from thrifty.config import build_config
 from thrifty.money.ledger import read_attempts
@@ -173,8 +173,8 @@ def test_train_deployment_runs_on_a_worker_and_survives_a_preemption(deployed, w
     run_name, store = f"e2e-{uuid.uuid4().hex[:8]}", tmp_path / "store"
     config = {  # what the UI's RunConfig form sends: a partial config, the rest are defaults
         "run_name": run_name, "recipe": "digits", "store": str(store),
-        # 6 epochs (~260 steps): the preemption at step 20 lands long before the end even on a loaded machine
-        "train": {"max_epochs": 6, "micro_batch": 32, "precision": "fp32", "checkpoint_every": 10, "log_every": 5},
+        # 2 epochs (88 steps): the preemption lands at exactly step 20 (training.boundary)
+        "train": {"max_epochs": 2, "micro_batch": 32, "precision": "fp32", "checkpoint_every": 10, "log_every": 5},
         "compute": {"preempt_after_steps": 20, "preempt_grace_s": 20},
     }
     out = deployed.run(str(BIN / "prefect"), "deployment", "run", "thrifty-train/train",
@@ -216,9 +216,11 @@ def test_a_deployed_run_stopped_at_its_cap_ends_failed_with_its_report(deployed,
     from thrifty.money import savings
     from thrifty.money.budget import spend_usd
 
-    # ~18 s of spend: the first checkpoint (step 25) comes within a few seconds of billing even on a loaded machine
+    # ~18 s of spend: the first checkpoint (step 25) comes within a few seconds of billing even on a loaded machine;
+    # 26,700 steps at the worker's pace of at least 2 ms a step (WORKER_ENV) cannot end before the cap
     run_name, store, cap = f"capped-{uuid.uuid4().hex[:8]}", tmp_path / "store", 0.2
-    config = {"run_name": run_name, "recipe": "digits", "store": str(store), "recipe_params": {"hidden": 512},
+    assert 300 * 89 * float(WORKER_ENV["THRIFTY_MIN_STEP_S"]) > 2 * cap / (39.33 / 3600)
+    config = {"run_name": run_name, "recipe": "digits", "store": str(store), "recipe_params": {"hidden": 64},
               "train": {"max_epochs": 300, "micro_batch": 16, "precision": "fp32", "checkpoint_every": 25,
                         "early_stopping": {"enabled": False}},
               "compute": {"emulate": "aws:p5.48xlarge"},  # ~1.1 cents a second

@@ -9,6 +9,7 @@ is in `thrifty report`.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import yaml
 from conftest import REPO, python_env
 from thrifty.money.budget import spend_usd
 from thrifty.money.ledger import read_attempts, read_meters
+from thrifty.protocol import ENV_PREEMPT_AT_STEP
 from thrifty.storage import open_store
 
 pytestmark = pytest.mark.slow
@@ -35,7 +37,7 @@ def config_file(tmp_path: Path, store: Path) -> Path:
     path = tmp_path / "capped.yaml"
     path.write_text(yaml.safe_dump({
         "run_name": "orphan", "recipe": "digits", "store": str(store),
-        "recipe_params": {"hidden": 512},
+        "recipe_params": {"hidden": 64},
         "train": {"max_epochs": 2000, "micro_batch": 16, "precision": "fp32", "checkpoint_every": 25, "log_every": 5,
                   "early_stopping": {"enabled": False}},
         "compute": {"emulate": "aws:p3.2xlarge"},
@@ -73,7 +75,9 @@ def training_steps(store: Path) -> bool:
 def test_one_run_one_job_and_the_node_holds_the_cap_when_its_flow_is_killed(prefect_harness, tmp_path):
     store_dir = tmp_path / "store"
     cfg = config_file(tmp_path, store_dir)
-    first = subprocess.Popen([*THRIFTY, "run", "--config", str(cfg)], env=cli_env(), cwd=REPO,
+    # a fixed pace (thrifty.faults.pace): 178,000 steps of at least 5 ms cannot end before the cap on any machine
+    paced = {**cli_env(), "THRIFTY_MIN_STEP_S": "0.005"}
+    first = subprocess.Popen([*THRIFTY, "run", "--config", str(cfg)], env=paced, cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)  # its own group: a kill takes the flow process, not the job
     try:
@@ -91,8 +95,10 @@ def test_one_run_one_job_and_the_node_holds_the_cap_when_its_flow_is_killed(pref
         first.wait(timeout=30)
         assert [m.end for m in read_meters(store, "orphan")] == [None], "the job trains on, unwatched"
 
-        # its flow is gone, its job is not: a third trigger must not rent beside it
-        third = thrifty("run", "--config", str(cfg))
+        # its flow is gone, its job is not: a third trigger must not rent beside it, not even one with a budget its
+        # gate would pass (with the first's, the gate refuses once the job has spent what a checkpoint needs, ~20 s
+        # in: a slow trigger would never get to the check this is about; the job itself trains for ~55 s)
+        third = thrifty("run", "--config", str(cfg), "--set", "budget.max_usd=1.0")
         assert third.returncode == 2, third.stdout + third.stderr
         assert "still training without a watcher" in third.stderr
         print(f"\n[money] third trigger refused at ${spend_usd(read_attempts(store, 'orphan')):.4f} of the ${CAP} cap")
@@ -122,18 +128,24 @@ def test_two_trainers_of_one_run_never_train_at_once(tmp_path):
     """Two `python -m training` of one run on a file store: the second is refused (it used to crash the first)."""
     cfg = tmp_path / "run.yaml"
     cfg.write_text(yaml.safe_dump({"run_name": "twice", "recipe": "digits", "store": str(tmp_path / "store"),
-                                   "recipe_params": {"hidden": 512},
-                                   # ~7 s of training: the second's start-up (~3 s) ends well inside it
-                                   "train": {"max_epochs": 25, "micro_batch": 16, "checkpoint_every": 5,
+                                   "recipe_params": {"hidden": 16, "limit": 400},
+                                   "train": {"max_epochs": 2, "micro_batch": 16, "checkpoint_every": 5,
                                              "early_stopping": {"enabled": False}}}))
     run = [sys.executable, "-m", "training", "--config", str(cfg)]
-    first = subprocess.Popen(run, env=python_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True)
+    # the first holds still after step 3 (the handshake the local launcher preempts by: training.boundary), so the
+    # second starts while it trains, however fast either starts or trains
+    flag = tmp_path / "first-at-step-3"
+    held = {**python_env(), ENV_PREEMPT_AT_STEP: json.dumps({"step": 3, "node": 0, "mode": "sigterm",
+                                                             "flag": str(flag)})}
+    first = subprocess.Popen(run, env=held, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: (tmp_path / "store" / "runs" / "twice" / "lease.json").exists(), 60, "the first to start")
+        wait_for(flag.exists, 120, "the first to train to step 3")
         second = subprocess.run(run, env=python_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
         assert second.returncode == 2 and "is already running" in second.stderr, second.stderr
-        assert first.wait(timeout=300) == 0, first.stderr.read()
+        first.send_signal(signal.SIGTERM)  # let it go: it saves step 3 and ends, its lease released
+        assert first.wait(timeout=120) == 0, first.stderr.read()
     finally:
         first.kill()
     assert not (tmp_path / "store" / "runs" / "twice" / "lease.json").exists(), "released at the end"
+    done = subprocess.run(run, env=python_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "resumed run 'twice' from step 3" in done.stderr, done.stderr

@@ -33,6 +33,9 @@ TRAIN, NIGHTLY = "thrifty-train/train", "thrifty-train/nightly-retrain"
 # Prefect's flow heartbeat is 30 s at the least (prefect.yaml beats every 30 s): two missed beats, where the deployed
 # automation waits for three, still leaves a live run a whole beat of slack on a loaded machine
 ZOMBIE_WINDOW_S = 60
+# the workers' training jobs take at least 10 ms a step (thrifty.faults.pace): the run killed mid-run below (800 steps)
+# is still training when the kill comes, however fast this machine trains
+PACE = {"THRIFTY_MIN_STEP_S": "0.01"}
 
 
 def tiny(run_name: str, store: Path, **train: Any) -> dict[str, Any]:
@@ -94,7 +97,7 @@ def cluster(tmp_path_factory) -> Iterator[tuple[Server, list[subprocess.Popen], 
     with postgres_cluster() as db_url, deployed_server(
             home, deploy_args=("--pool-concurrency", str(POOL_LIMIT)),
             env={"PREFECT_API_DATABASE_CONNECTION_URL": db_url}) as server:
-        workers = [server.spawn(f"worker{i}", "worker", "start", "--pool", WORK_POOL, "--name", f"worker{i}")
+        workers = [server.spawn(f"worker{i}", "worker", "start", "--pool", WORK_POOL, "--name", f"worker{i}", env=PACE)
                    for i in range(2)]
         yield server, workers, db_url
 
@@ -171,7 +174,7 @@ def test_two_workers_on_postgres_share_a_pool_limit_and_survive_a_dead_worker(cl
     # a worker dies mid-run (with its flow-run process and the training job it started: its machine is gone)
     run_name = f"killed-{tag}"
     config = tiny(run_name, store, max_epochs=40, checkpoint_every=20, log_every=1)
-    config["recipe_params"] = {"hidden": 256, "limit": 800}
+    config["recipe_params"] = {"hidden": 32, "limit": 800}
     killed_id = submit(server, TRAIN, config)
     s = open_store(str(store))
     deadline = time.monotonic() + 180

@@ -65,7 +65,7 @@ def test_killed_custom_recipe_resumes_bit_exact(tmp_path: Path) -> None:
 
     whole = run("whole")
     assert whole.returncode == 0, whole.stderr
-    killed = run("killed", "step:13")
+    killed = run("killed", "after_commit:1")  # right after step 10's COMMIT, however far training got meanwhile
     assert killed.returncode == -9
     resumed = run("killed")
     assert resumed.returncode == 0, resumed.stderr

@@ -74,15 +74,15 @@ def test_sigterm_saves_and_exits_zero_then_resumes_bit_exact(tmp_path, reference
     config = write_config(tmp_path, "spot")
     store = tmp_path / "store"
     for target in (30, 90):
-        proc = start(config)
-        deadline = time.monotonic() + 60
+        proc = start(config, THRIFTY_MIN_STEP_S="0.005")  # a fixed pace: the run is still training when the signal comes
+        deadline = time.monotonic() + 120
         while latest_step(store, "spot") < target and proc.poll() is None:
             assert time.monotonic() < deadline
             time.sleep(0.002)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-        assert time.monotonic() - sent < 5, "SIGTERM must checkpoint and exit within seconds"
+        out, err = proc.communicate(timeout=60)
+        assert time.monotonic() - sent < 30, "SIGTERM must checkpoint and exit within the shortest notice (GCP's 30 s)"
         assert proc.returncode == 0, err
         assert "interrupted at step" in err
         step = int(err.split("interrupted at step ")[1].split(";")[0])

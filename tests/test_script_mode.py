@@ -239,12 +239,12 @@ def test_thrifty_run_of_the_example_completes_through_the_flow(prefect_harness, 
     monkeypatch.setenv("PYTHONPATH", python_env()["PYTHONPATH"])
     cfg = load_config(REPO / "examples" / "script.yaml", [
         f"store={tmp_path / 'store'}", "run_name=script-flow",
-        # 440 steps of a few ms: long enough for the launcher (it polls every 0.1 s) to preempt it at step 30
-        "recipe_params.command=python examples/script/train.py --epochs 10", "compute.preempt_after_steps=30",
+        # the preemption lands at exactly step 30 (training.boundary), however fast the 88 steps go
+        "recipe_params.command=python examples/script/train.py --epochs 2", "compute.preempt_after_steps=30",
         "compute.preempt_grace_s=20", "train.early_stopping.enabled=false"])
     out = train_pipeline(cfg, poll_s=0.2)
-    assert out.summary is not None and out.summary.status == "completed" and out.summary.steps == 440
+    assert out.summary is not None and out.summary.status == "completed" and out.summary.steps == 88
     assert [a.end_reason for a in out.job.attempts] == ["preempted", "succeeded"]
     assert out.summary.resumes == 1
-    assert out.smoke.total_steps == 440 and out.estimate.total_steps == 440
+    assert out.smoke.total_steps == 88 and out.estimate.total_steps == 88
     assert out.cache_hit is False and 0 < out.cost_usd < out.on_demand_usd

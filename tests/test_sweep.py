@@ -216,7 +216,7 @@ def test_spend_stays_under_the_cap_with_concurrent_trials_reserving():
 
 
 @pytest.mark.slow
-def test_at_the_deadline_a_trial_in_flight_is_stopped_the_graceful_way(prefect_harness, tmp_path):
+def test_at_the_deadline_a_trial_in_flight_is_stopped_the_graceful_way(prefect_harness, tmp_path, monkeypatch):
     """What the search does when max_wall_h runs out with trials in flight: it asks each trial's watch loop to stop
     its job as its launcher stops one gracefully (the local launcher: SIGTERM, a checkpoint, exit; SkyPilot: the
     stop request and a cancel), so no step is lost, and the run resumes from there."""
@@ -227,6 +227,7 @@ def test_at_the_deadline_a_trial_in_flight_is_stopped_the_graceful_way(prefect_h
     from thrifty.config import build_config
 
     store = tmp_path / "store"
+    monkeypatch.setenv("THRIFTY_MIN_STEP_S", "0.01")  # 3,000 steps of at least 10 ms: the stop comes long before the end
     cfg = build_config({"run_name": "deadline", "recipe": "digits", "store": str(store),
                         "recipe_params": {"limit": 600},
                         "train": {"max_epochs": 200, "micro_batch": 32, "precision": "fp32", "checkpoint_every": 50,

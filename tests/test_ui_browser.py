@@ -141,7 +141,7 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     assert "digits: hidden" in form, "recipe_params lists the recipe's options"
     field(page, "Run Name (Optional)").fill(run_name)
     field(page, "Store (Optional)").fill(str(store))
-    field(page, "Max Epochs (Optional)").fill("8")  # ~176 steps: the preemption at 20 lands long before the end
+    field(page, "Max Epochs (Optional)").fill("3")  # 66 steps; the preemption lands at exactly step 20
     field(page, "Max Usd (Optional)").fill("1")
     steps = page.locator("xpath=//span[contains(@class,'schema-form-property__label') and normalize-space()="
                          "'Preempt After Steps (Optional)']/ancestor::div[contains(concat(' ',@class,' '),"
@@ -174,7 +174,7 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
             all_=[f"thrifty-run:{run_name}"])))
     assert len(same) == 1, "one submit, one flow run"
     assert flow_run.parameters["config"]["budget"]["max_usd"] == 1
-    assert flow_run.parameters["config"]["train"]["max_epochs"] == 8
+    assert flow_run.parameters["config"]["train"]["max_epochs"] == 3
 
     page.reload()
     page.get_by_text("Completed").first.wait_for()

@@ -23,6 +23,9 @@ ENV_PRICES = "THRIFTY_PRICES"  # JSON list of the candidates the job may land on
 ENV_JOB_ID = "THRIFTY_JOB_ID"  # the launcher's job id (SkyPilot nodes derive it from SKYPILOT_MANAGED_JOB_ID)
 ENV_BILLING_START = "THRIFTY_BILLING_START_UNIX"  # when this attempt began to bill (local); cloud nodes use boot time
 ENV_LEASE_TOKEN = "THRIFTY_LEASE_TOKEN"  # the run's lease this job trains under (thrifty.runs.lease)
+ENV_PREEMPT_AT_STEP = "THRIFTY_PREEMPT_AT_STEP"  # local launcher: the preemption it injects (compute.preempt_after_steps)
+#                 as JSON {"step", "node", "mode", "flag", "launcher_pid"}: that node stops after that step, writes the
+#                 flag file and waits for the launcher to preempt it there (training.boundary)
 SKYPILOT_JOB_PREFIX = "sky-"  # our ids of SkyPilot managed jobs: sky-<managed job id>
 
 # ---------------------------------------------------------------- control objects under runs/<run_id>/

@@ -28,15 +28,16 @@ def config_to_train(args: argparse.Namespace) -> RunConfig:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from thrifty.usercode.script import is_script
-    from thrifty.storage import StoreError
-    from training.attempt_end import record_exit
 
     setup_logging()
     cfg = config_to_train(args)
-    if is_script(cfg):  # the user's own command under the node's signals and exit codes
+    if is_script(cfg):  # the user's own command under the node's signals and exit codes (this wrapper needs no torch)
         from training.script import run_script
 
         return run_script(cfg)
+    from thrifty.storage import StoreError
+    from training.attempt_end import record_exit
+
     try:
         code = _train(cfg)
     except (ConfigError, StoreError) as exc:  # how it ended, for the launcher: exit 2 or a failure it may see again

@@ -34,6 +34,7 @@ from thrifty.storage import Store, open_store
 from thrifty.money.throughput import speed_key
 from training import export, warm_start
 from training.cap_watchdog import CapWatchdog, armed
+from training.boundary import StepBoundary
 from training.checkpoint import CheckpointManager
 from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation, open_cache
@@ -239,6 +240,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     mtbp = node_mtbp(store, cfg, meter.price if meter else None) if dist.is_main else config_mtbp(cfg)
     schedule = CheckpointSchedule(tc.checkpoint_every, mtbp.mtbp_s, state.step, mtbp.source)
     stop = StopSignal().install()
+    boundary = StepBoundary.from_env()  # the local launcher's preemption, at exactly its step
     emit({"event": "start", "step": state.step, "total_steps": total_steps, "resumes": state.resumes,
           **({"stop_step": stop_steps} if stop_steps < total_steps else {}),  # this job ends there (a search's rung)
           "precision": precision_name(amp), "device": str(device), "world_size": dist.world,
@@ -383,6 +385,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         if meter is not None and not finishing:
             meter.beat()
             at_cap = meter.over_cap(max(schedule.save_s or 0.0, writer.stop_save_s), step_time)  # a stop's save waits
+        boundary.passed(state.step, stop)
         if dist.any(stop.signum is not None or at_cap):
             at_cap = dist.any(at_cap)  # rank 0 decides the cap; every rank stops at the same step
             if last_saved_step != state.step:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from thrifty.config import ConfigError, RunConfig, script_config
-from thrifty.faults import fault_point
+from thrifty.faults import fault_point, pace
 from thrifty.launchers.identity import identify
 from thrifty.money.meter import NodeMeter
 from thrifty.money.throughput import speed_key
@@ -34,11 +34,13 @@ from thrifty.runs import RunSummary, run_key, write_summary
 from thrifty.runs.exits import error_signature
 from thrifty.usercode.script import ENV_STATUS, ENV_STEP_LIMIT, SessionStatus, is_script, script_params
 from thrifty.storage import open_store
+from training.boundary import StepBoundary
 from training.cap_watchdog import CapWatchdog
 from training.checkpoint import CheckpointManager
 from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation
 from training.early_stopping import EarlyStopping, best_metric, best_metric_at
+from training.lazy_dynamo import defer_dynamo_import
 from training.loop import check_compatible, one_trainer
 from training.progress import CheckpointSchedule, MetricsWriter
 from training.runtime import Dist, StopSignal, rng_state, seed_everything, set_rng_state, state_sha256
@@ -116,6 +118,8 @@ class Session:
         self.writer = CheckpointWriter(self.ckpts, tc.async_checkpoint,  # the metrics go up after each COMMIT
                                        self.metrics.put if self.metrics and self.metrics.upload else None)
         self.stop = StopSignal().install()
+        self._boundary = StepBoundary.from_env()  # the local launcher's preemption, at exactly its step
+        defer_dynamo_import()  # the script's optimizer imports torch._dynamo only if something compiles
         self._excepthook = sys.excepthook
         sys.excepthook = self._on_uncaught
         atexit.register(self.close)
@@ -245,6 +249,7 @@ class Session:
         ``total_steps=N`` tells the run's length."""
         step = int(step)
         fault_point("step")  # crash tests: a kill -9 after a step, before it is logged or saved
+        pace(self._last_log[1] if self._last_log else self._t0)  # tests: a fixed speed, a step since the last log
         self._start()
         self._poll(step)
         total = metrics.pop("total_steps", None)
@@ -289,6 +294,7 @@ class Session:
             self._emit({"event": "eval", "step": step, **evals, **({"best": best} if best is not None else {})})
         if self.step_limit is not None or self.status.logs == 1:
             self._write_status()
+        self._boundary.passed(step, self.stop)  # the local launcher's preemption lands here; should_stop() says so
 
     def set_total_steps(self, total: int) -> None:
         """The run's length (optimizer steps), for progress and the budget projection; ``train.max_steps`` caps it."""

@@ -244,7 +244,7 @@ class ComputeConfig(_Frozen):
     )
     emulate: str = Field("aws:g5.xlarge", description="Local launcher: CLOUD:INSTANCE whose spot price is metered.")
     preempt_after_s: float | None = Field(None, gt=0.0, description="Local launcher: inject a preemption after this many seconds (s).")
-    preempt_after_steps: int | None = Field(None, ge=1, description="Local launcher: inject a preemption after this step (steps).")
+    preempt_after_steps: int | None = Field(None, ge=1, description="Local launcher: inject a preemption right after this optimizer step, however fast the run trains (steps).")
     preempt_mode: Literal["sigterm", "kill"] = Field("sigterm", description="Local launcher: notice+grace (sigterm) or hard kill.")
     preempt_grace_s: float = Field(30.0, gt=0.0, description="Local launcher: seconds between SIGTERM and SIGKILL (s).")
     preempt_node: int | None = Field(

@@ -11,8 +11,10 @@ the instance it emulates, so budgets and reports work on a laptop: the table's p
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,16 +29,16 @@ from thrifty.config import RunConfig
 from thrifty.launchers.availability import SpotMarket, spot_trace
 from thrifty.launchers.base import (JobState, JobStatus, LaunchError, free_loopback_port, node_env, skypilot_node_vars,
                                     torchrun_command)
-from thrifty.launchers.notice import send_sigterm
+from thrifty.launchers.notice import children_of, send_sigterm
 from thrifty.money.pricing import find_instance, quote_emulated
 from thrifty.money.meter import Price
 from thrifty.launchers.failures import final_failure, program_code
 from thrifty.money.prices import LivePrices, PriceKey, point_quote, price_mode
 from thrifty.money.prices.repricing import Repricer, change_from
-from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, EXIT_BUDGET
+from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, ENV_PREEMPT_AT_STEP, EXIT_BUDGET
 from thrifty.runs.exits import ExitRecord, read_exits
 from thrifty.money.ledger import Attempt
-from thrifty.runs import finished_since, latest_progress, read_metrics, run_key
+from thrifty.runs import finished_since, run_key
 from thrifty.storage import open_store
 
 log = logging.getLogger("thrifty.launch")
@@ -58,6 +60,7 @@ class _Job:
         # one chain per job, so a source that failed is not asked again at once; the store shares what it reads
         self.live = LivePrices.for_config(cfg, open_store(cfg.store) if price_mode(cfg) == "live" else None)
         self.procs: list[subprocess.Popen] = []  # the attempt running now, one process per node
+        self.flag_dir = Path(tempfile.mkdtemp(prefix="thrifty-preempt-"))  # where a node says it waits to be preempted
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._supervise, name=f"thrifty-{job_id}", daemon=True)
 
@@ -78,6 +81,8 @@ class _Job:
             self._set(JobState.FAILED, f"the local launcher failed: {type(exc).__name__}: {exc}. Nothing more runs "
                                        f"or is billed for this job; fix that and run it again (it resumes from its "
                                        f"last checkpoint). Logs: {self.log_dir}")
+        finally:
+            shutil.rmtree(self.flag_dir, ignore_errors=True)
 
     def _attempts_until_done(self) -> None:
         failures = 0
@@ -121,6 +126,11 @@ class _Job:
         node = {**node_env(self.cfg, [Price(price.cloud, price.instance, c.use_spot, price.usd_per_hour,
                                             price.accelerator, price.source, price.region, price.fetched_unix)]),
                 ENV_JOB_ID: self.job_id, ENV_BILLING_START: repr(attempt.started_unix), **self.env}
+        hit = c.num_nodes - 1 if c.preempt_node is None else min(c.preempt_node, c.num_nodes - 1)
+        flag = self.flag_dir / f"attempt-{attempt.number}"
+        if c.preempt_after_steps is not None and self.preemptions_injected == 0:  # the node stops at exactly that step
+            node[ENV_PREEMPT_AT_STEP] = json.dumps({"step": c.preempt_after_steps, "node": hit, "mode": c.preempt_mode,
+                                                    "flag": str(flag), "launcher_pid": os.getpid()})
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with self.lock:
             self.state = JobState.STARTING
@@ -135,11 +145,11 @@ class _Job:
             if self.cancel_requested.is_set():
                 self._stop_all(procs, graceful=True, grace_s=self.cancel_deadline_s)
                 reason = "cancelled"
-            elif self._preemption_due(attempt):
+            elif self._preemption_due(attempt, flag):
                 self.preemptions_injected += 1
-                hit = len(procs) - 1 if c.preempt_node is None else min(c.preempt_node, len(procs) - 1)
-                log.warning("injecting a preemption (%s) into attempt %d%s", c.preempt_mode, attempt.number,
-                            f", node {hit} of {len(procs)}" if len(procs) > 1 else "")
+                log.warning("injecting a preemption (%s) into attempt %d%s%s", c.preempt_mode, attempt.number,
+                            f", node {hit} of {len(procs)}" if len(procs) > 1 else "",
+                            f" at step {json.loads(flag.read_text())['step']}" if flag.exists() else "")
                 self._stop(procs[hit], graceful=c.preempt_mode == "sigterm")
                 reason = "preempted"
             elif self.market is not None and not self.market.available():
@@ -215,21 +225,13 @@ class _Job:
         for t in threads:
             t.join()
 
-    def _preemption_due(self, attempt: Attempt) -> bool:
+    def _preemption_due(self, attempt: Attempt, flag: Path) -> bool:
         c = self.cfg.compute
         if self.preemptions_injected > 0:
             return False  # one injected preemption per job
         if c.preempt_after_s is not None and time.time() - attempt.started_unix >= c.preempt_after_s:
             return True
-        if c.preempt_after_steps is not None:
-            try:  # one look, no retries: a store that does not answer now is asked again at the next poll
-                store = open_store(self.cfg.store, retry_s=0.0)
-                progress = latest_progress(read_metrics(store, self.cfg.run_name, attempt.started_unix))
-            except Exception as exc:  # noqa: BLE001
-                log.debug("no progress read for the injected preemption this time: %s", exc)
-                return False
-            return progress.get("step", 0) >= c.preempt_after_steps
-        return False
+        return flag.exists()  # the node finished step preempt_after_steps and waits there (training.boundary)
 
     def _stop(self, proc: subprocess.Popen, graceful: bool, grace_s: float | None = None) -> None:
         """SIGTERM the process group and wait out the grace period, then SIGKILL; or SIGKILL at once."""
@@ -244,6 +246,9 @@ class _Job:
                 return
             except subprocess.TimeoutExpired:
                 log.warning("job did not exit within %.0f s of SIGTERM; killing it", grace_s)
+        if self.cfg.compute.num_nodes > 1:  # torchrun's workers have sessions of their own: a dead node takes them too
+            for worker in children_of(proc.pid):
+                _kill(worker)
         _signal_group(proc, signal.SIGKILL)
         proc.wait()
 
@@ -268,6 +273,17 @@ class _Job:
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the worker and what it started
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 

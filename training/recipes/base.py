@@ -53,6 +53,7 @@ from thrifty.config import ConfigError
 from thrifty.config.echo import shown
 from thrifty.usercode.allow import check_recipe_allowed
 from thrifty.usercode.recipe_spec import HOW, check_recipe_spec
+from training.lazy_dynamo import defer_dynamo_import
 
 if TYPE_CHECKING:
     from thrifty.config.sections import TrainConfig
@@ -227,6 +228,7 @@ class Recipe:
         return model
 
     def make_optimizer(self, model: torch.nn.Module, tc: "TrainConfig") -> torch.optim.Optimizer:
+        defer_dynamo_import()  # an optimizer imports torch._dynamo (1-2 s) only once something compiles
         if self.optimizer is None:
             return torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.adam_betas), eps=tc.adam_eps,
                                      weight_decay=tc.weight_decay)
