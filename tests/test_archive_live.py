@@ -7,8 +7,6 @@ preempted attempt closed in the ledger, the next not yet open, the emergency che
 from __future__ import annotations
 
 import datetime as dt
-import os
-import signal
 import subprocess
 import sys
 import time

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import python_env
 from scripting import committed_steps, start, summary, write_config
 from thrifty.config import RunConfig, build_config
 from thrifty.runs.checkpoints import committed, step_prefix

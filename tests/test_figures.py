@@ -8,7 +8,6 @@ import asyncio
 import base64
 import json
 import re
-from pathlib import Path
 
 import pytest
 

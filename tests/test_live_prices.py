@@ -12,14 +12,13 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
 from conftest import REPO
 from tasks.budget import estimate_for  # imports Prefect: here, not under a test's captured output
 from thrifty.config import build_config
-from thrifty.money.ledger import Attempt, MeterRecord, read_attempts, read_meters, reconcile, write_job_attempts
+from thrifty.money.ledger import Attempt, read_attempts, read_meters, reconcile, write_job_attempts
 from thrifty.money.meter import NodeIdentity, NodeMeter, Price, prices_env
 from thrifty.money.prices import LivePrices, PriceKey, price_mode
 from thrifty.money.prices.aws import Ec2SpotPrices
