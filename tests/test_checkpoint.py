@@ -248,7 +248,8 @@ def digits_cfg(tmp_path: Path, run_name: str = "digits-resume", **params) -> dic
 
 
 def test_restart_with_changed_model_raises_incompatible_checkpoint(tmp_path):
-    from training.loop import IncompatibleCheckpoint, train
+    from training.loop import train
+    from training.resume import IncompatibleCheckpoint
 
     data = digits_cfg(tmp_path)
     first = train(build_config(data))
@@ -285,7 +286,8 @@ def other_digits() -> Recipe:
 
 
 def test_restart_with_another_recipe_raises_incompatible_checkpoint(tmp_path):
-    from training.loop import IncompatibleCheckpoint, train
+    from training.loop import train
+    from training.resume import IncompatibleCheckpoint
 
     data = digits_cfg(tmp_path, "recipe-swap")
     data["train"]["max_steps"] = 3

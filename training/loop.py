@@ -8,27 +8,19 @@ and everything else that moves lives in the checkpoint.
 from __future__ import annotations
 
 import collections
-import contextlib
-import json
 import logging
 import math
-import os
-import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
 
 import torch
 
 from thrifty.config import ConfigError, RunConfig
-from thrifty.config.run import comparable_train
-from thrifty.runs import lease
 from thrifty.faults import fault_point, pace
 from thrifty.launchers.identity import identify
-from thrifty.money.meter import NodeMeter, node_job_id
+from thrifty.money.meter import NodeMeter
 from thrifty.spot.preemption import config_mtbp, node_mtbp
-from thrifty.protocol import ENV_LEASE_TOKEN
 from thrifty.runs import RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
 from thrifty.money.throughput import speed_key
@@ -38,6 +30,7 @@ from training.boundary import StepBoundary
 from training.checkpoint import CheckpointManager
 from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation, open_cache
+from training.resume import one_trainer, restore
 from training.progress import CheckpointSchedule, MetricsWriter
 from training.steps import batch_positions, evaluate, optimizer_step
 from training.early_stopping import EarlyStopping, best_metric, best_metric_at
@@ -57,18 +50,11 @@ from training.runtime import (
 log = logging.getLogger("thrifty.train")
 
 
-LEASE_BEAT_S = 10.0  # a `thrifty train` renews its lease this often
-
-
 MAX_NONFINITE_STEPS = 20  # with fp16's GradScaler, a few inf/nan steps are skipped by design; this many is divergence
 
 
 class TrainingDiverged(ConfigError):
     """The loss is not finite: more steps would only burn money (exit 2: a setting to change, never a restart)."""
-
-
-class IncompatibleCheckpoint(ConfigError):
-    """The run's checkpoint was written by a config whose model cannot load here."""
 
 
 @dataclass
@@ -90,44 +76,6 @@ class TrainResult:
     status: str  # completed | stopped_early | interrupted | budget | rung (ended at train.stop_at_epoch)
     summary: RunSummary | None
     step: int
-
-
-def check_compatible(cfg: RunConfig, saved_cfg: dict[str, Any], run_id: str) -> None:
-    """A checkpoint written under ``saved_cfg`` may resume under ``cfg`` (the loop's and a script session's rule)."""
-    if saved_cfg.get("recipe") != cfg.recipe:
-        raise IncompatibleCheckpoint(
-            f"run {run_id!r} has checkpoints from recipe {saved_cfg.get('recipe')!r}, but this config uses "
-            f"recipe {cfg.recipe!r}. Use a new run_name for a new experiment, or set recipe back."
-        )
-    saved_train = comparable_train(saved_cfg.get("train") or {})
-    changed = sorted(k for k, now, then in (("recipe_params", cfg.recipe_params, saved_cfg.get("recipe_params")),
-                                            ("train", cfg.train_settings(), saved_train)) if now != then)
-    if changed:
-        log.warning("resuming run %r with changed settings in %s (allowed: the model still loads)", run_id, ", ".join(changed))
-
-
-@contextlib.contextmanager
-def one_trainer(store: Store, run_id: str, dist: Dist) -> Iterator[None]:
-    """One run, one trainer. A job its flow launched trains under the flow's lease (its token in the environment);
-    a person's `thrifty train` takes the lease itself, so two of them never prune each other's checkpoints."""
-    if not dist.is_main:
-        yield
-        return
-    token = os.environ.get(ENV_LEASE_TOKEN)
-    if token:
-        current = lease.read(store, run_id)
-        mine = current is None or current.token == token or current.job_id == node_job_id(os.environ)
-        if not mine and current.live(time.time()):  # (a watcher that re-attached to this job holds it: fine)
-            raise lease.LeaseHeld(run_id, current, time.time())  # another job holds the run: never train beside it
-        yield
-        return
-    held = lease.acquire(store, run_id, f"thrifty train on {socket.gethostname()} pid {os.getpid()}")
-    beat = lease.Heartbeat(held, LEASE_BEAT_S)
-    try:
-        yield
-    finally:
-        beat.stop()
-        held.release()
 
 
 def train(cfg: RunConfig) -> TrainResult:
@@ -201,26 +149,8 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     loaded = ckpts.load_latest()
     if loaded is not None:
         info, saved = loaded
-        check_compatible(cfg, json.loads(saved["config"]), run_id)
-        try:
-            model.load_state_dict(saved["model"])
-        except RuntimeError as exc:
-            raise IncompatibleCheckpoint(
-                f"run {run_id!r} has a checkpoint (step {info.step}) whose model does not fit this config's model: "
-                f"{str(exc).splitlines()[0]} ... Its recipe_params were {json.loads(saved['config'])['recipe_params']}, "
-                f"this config has {cfg.recipe_params}. Use a new run_name, or restore the old recipe_params."
-            ) from None
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        if saved["scaler"]:  # empty when saved without a GradScaler (fp32/bf16): an fp16 resume starts a fresh one
-            scaler.load_state_dict(saved["scaler"])
-        stopper.load_state_dict(saved["early_stopping"])
+        restore(cfg, info.step, saved, model, optimizer, scheduler, scaler, stopper, ema)
         ckpts.best_step = stopper.best_step
-        if ema is not None:
-            if saved.get("ema") is None:
-                raise IncompatibleCheckpoint(f"run {run_id!r} was checkpointed without train.ema_decay; unset it to "
-                                             "resume, or use a new run_name")
-            ema.load_state_dict(saved["ema"])
         state = LoopState(**saved["loop"])
         state.resumes += 1
         rngs = saved["rng"]

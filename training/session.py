@@ -41,11 +41,11 @@ from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation
 from training.early_stopping import EarlyStopping, best_metric, best_metric_at
 from training.lazy_dynamo import defer_dynamo_import
-from training.loop import check_compatible, one_trainer
+from training.resume import check_compatible, one_trainer
 from training.progress import CheckpointSchedule, MetricsWriter
 from training.runtime import Dist, StopSignal, rng_state, seed_everything, set_rng_state, state_sha256
-from training.session_end import (INTERRUPTIONS, changed_settings, load_failure, mismatch_message, state_mismatch,
-                                  verdict)
+from training.session_end import (INTERRUPTIONS, METER_END, changed_settings, load_failure, mismatch_message,
+                                  state_mismatch, verdict)
 
 log = logging.getLogger("thrifty.session")
 
@@ -109,10 +109,10 @@ class Session:
                 log.info("removed %d file(s) a killed writer of run %r left behind", swept, self.run_id)
             self.meter = NodeMeter.from_env(self.store, cfg, identify=identify)
             self.metrics = MetricsWriter(self.store, self.run_id)
-            if self.meter is not None and self.meter.over_cap(save_s=0.0, step_s=0.0):
-                self.stop_reason = "budget"
-            if self.meter is not None:  # ends the script at the cap even while it cannot ask (a hung store call)
+            if self.meter is not None:  # the watchdog ends the script at the cap even while it cannot ask (a hung store)
                 CapWatchdog(self.meter).start()
+                if self.meter.over_cap(save_s=0.0, step_s=0.0):
+                    self.stop_reason = "budget"
             mtbp = node_mtbp(self.store, cfg, self.meter.price if self.meter else None)  # as the loop plans auto
         self.schedule = CheckpointSchedule(tc.checkpoint_every, mtbp.mtbp_s, 0, mtbp.source)
         self.writer = CheckpointWriter(self.ckpts, tc.async_checkpoint,  # the metrics go up after each COMMIT
@@ -148,12 +148,9 @@ class Session:
         self.ckpts.best_step = self.stopper.best_step
         set_rng_state(meta["rng"])
         self.step = info.step
-        self.resumes = int(meta["resumes"]) + 1
-        self.checkpoints_written = int(meta["checkpoints_written"])
-        self.checkpoint_time_s = float(meta["checkpoint_time_s"])
-        self.base_train_time_s = float(meta["train_time_s"])
-        self.weights_sha256 = meta["weights_sha256"]
-        self.last_eval = dict(meta.get("last_eval") or {})
+        self.resumes, self.checkpoints_written = int(meta["resumes"]) + 1, int(meta["checkpoints_written"])
+        self.checkpoint_time_s, self.base_train_time_s = float(meta["checkpoint_time_s"]), float(meta["train_time_s"])
+        self.weights_sha256, self.last_eval = meta["weights_sha256"], dict(meta.get("last_eval") or {})
         if not self.total_steps and meta.get("total_steps"):
             self.total_steps = int(meta["total_steps"])
         self.schedule.follow(info.step, self.schedule.interval)
@@ -347,7 +344,9 @@ class Session:
                 self._report(self.writer.close())  # the write in flight: committed before the verdict
             except Exception as exc:  # a failed write is a failed job (restarted), never a quiet exit 0
                 self._write_error = exc
-            ended, code, message = self._verdict()
+            if self.stop_reason is None and self.stop.signum is not None:  # a script that exited on the notice
+                self.stop_reason = "signal"  # without asking should_stop(): interrupted, never "completed"
+            ended, code, message = verdict(self.status, self.stop_reason, self.step, self._crashed, self._write_error)
             if self.is_main:
                 if ended in ("completed", "stopped_early"):
                     self._write_summary(ended)
@@ -355,8 +354,7 @@ class Session:
                             "weights_sha256": self.weights_sha256} if ended in ("completed", "stopped_early") else
                            {"event": "interrupted", "step": self.step, "reason": self.stop_reason or ended})
                 if self.meter is not None:
-                    self.meter.close({"interrupted": "signal", "budget": "budget", "completed": "finished",
-                                      "stopped_early": "finished"}.get(ended, "error"))
+                    self.meter.close(METER_END.get(ended, "error"))
                 if self.metrics:
                     self.metrics.close()
             if message:
@@ -366,11 +364,6 @@ class Session:
             self._write_status()
         finally:
             self._lease.__exit__(None, None, None)
-
-    def _verdict(self) -> tuple[str, int | None, str]:
-        if self.stop_reason is None and self.stop.signum is not None:  # a script that exited on the notice without
-            self.stop_reason = "signal"  # asking should_stop(): interrupted, never "completed"
-        return verdict(self.status, self.stop_reason, self.step, self._crashed, self._write_error)
 
     def _write_summary(self, ended: str) -> None:
         es = self.cfg.train.early_stopping
@@ -382,8 +375,7 @@ class Session:
         summary = RunSummary(
             run_id=self.run_id, recipe=self.cfg.recipe, status=ended, steps=self.step,
             total_steps=self.total_steps or self.step, epochs=0.0, stopped_early=ended == "stopped_early",
-            best_metric=best,
-            final_metrics=self.last_eval, wall_time_s=round(wall, 3), data_wait_fraction=0.0,
+            best_metric=best, final_metrics=self.last_eval, wall_time_s=round(wall, 3), data_wait_fraction=0.0,
             checkpoint_time_fraction=round(self.checkpoint_time_s / wall, 5) if wall else 0.0,
             checkpoints_written=self.checkpoints_written, resumes=self.resumes, precision="script",
             device=self.device.type, world_size=self.dist.world, cache_key="",

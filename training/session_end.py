@@ -20,6 +20,8 @@ from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED
 from thrifty.usercode.script import SessionStatus
 
 INTERRUPTIONS = ("signal", "budget")  # stops that leave the run unfinished (it resumes); the others finish it
+# how the node's meter records each verdict's end (anything else: "error")
+METER_END = {"interrupted": "signal", "budget": "budget", "completed": "finished", "stopped_early": "finished"}
 SHOWN = 4  # mismatches named in a message
 
 
