@@ -67,15 +67,6 @@ def test_the_watchdog_ends_the_job_at_the_cap_while_a_store_call_hangs_and_its_r
     assert stored == kept and not list(local_dir(store).rglob("*.json"))
 
 
-def running(pid: int, started: str) -> bool:
-    """Alive and not a zombie waiting for its (killed) parent's reaper."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X") and process_alive(pid, started)
-
-
 def read_attempts_from(record: MeterRecord):
     from thrifty.money.ledger import reconcile
 
@@ -127,10 +118,10 @@ def test_a_job_left_alone_holds_its_cap_when_the_store_hangs(prefect_harness, s3
     record = MeterRecord.model_validate_json(direct.get_object(Bucket=bucket, Key=key)["Body"].read())
     cap_at = record.started_unix + cap / rate * 3600
     assert hung_at < cap_at - 10, "the store must hang well before the cap for this test to say anything"
-    while running(record.pid, record.pid_started) and time.time() < cap_at + 30:
+    while process_alive(record.pid, record.pid_started) and time.time() < cap_at + 30:
         time.sleep(0.05)
     gone_at = time.time()
-    assert not running(record.pid, record.pid_started), \
+    assert not process_alive(record.pid, record.pid_started), \
         f"the job was still running {gone_at - cap_at:.0f} s past its cap, the store hanging"
     assert gone_at <= cap_at, f"the job ended {gone_at - cap_at:.1f} s after its cap"
 

@@ -246,3 +246,34 @@ def test_a_holder_killed_on_this_machine_frees_the_lease_at_once(tmp_path):
         assert read(store, "r").token == held.token
     finally:
         proc.kill()
+
+
+def test_a_holder_killed_and_never_reaped_frees_the_lease_at_once(tmp_path):
+    """A script killed with its node wrapper becomes an orphan; under an init that does not reap (a container's
+    PID 1), it stays a zombie that `kill(pid, 0)` still finds. A zombie holds nothing: its restart is not refused."""
+    import signal
+
+    store_dir = tmp_path / "store"
+    holder = ("import time\nfrom thrifty.runs import lease\nfrom thrifty.storage import open_store\n"
+              f"lease.acquire(open_store({str(store_dir)!r}), 'r', 'an orphaned holder')\nprint('held', flush=True)\n"
+              "time.sleep(120)\n")
+    # a parent that never waits for its child: the killed child stays a zombie while the parent lives
+    parent = ("import subprocess, sys, time\n"
+              f"c = subprocess.Popen([sys.executable, '-c', {holder!r}], stdout=subprocess.PIPE, text=True)\n"
+              "print(c.pid, c.stdout.readline().strip(), flush=True)\ntime.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", parent], env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        pid, word = proc.stdout.readline().split()
+        assert word == "held"
+        store = open_store(str(store_dir))
+        os.kill(int(pid), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        held = acquire(store, "r", "second")  # a zombie: gone, though its pid still answers kill(pid, 0)
+        assert read(store, "r").token == held.token
+    finally:
+        proc.kill()
+        proc.wait()

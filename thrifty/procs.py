@@ -9,13 +9,19 @@ from __future__ import annotations
 import os
 
 
-def process_started(pid: int) -> str:
-    """The kernel's start time of ``pid`` (ticks since boot), "" where it cannot be read."""
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command name (state first), [] where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return ""
+        return []
+
+
+def process_started(pid: int) -> str:
+    """The kernel's start time of ``pid`` (ticks since boot), "" where it cannot be read."""
+    fields = _stat_fields(pid)
+    return fields[19] if len(fields) > 19 else ""
 
 
 def process_start_unix(pid: int) -> float | None:
@@ -41,7 +47,10 @@ def process_alive(pid: int, started: str = "") -> bool:
         return False
     except PermissionError:
         return True  # someone else's process: alive
-    return not started or process_started(pid) in ("", started)
+    fields = _stat_fields(pid)
+    if fields and fields[0] in ("Z", "X"):  # killed and never reaped (an orphan under an init that does not reap)
+        return False
+    return not started or (fields[19] if len(fields) > 19 else "") in ("", started)
 
 
 def owner_gone(pid: int, made_unix: float) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
+from thrifty.procs import process_alive
 from thrifty.protocol import ENV_PREEMPT_AT_STEP
 
 if TYPE_CHECKING:
@@ -64,12 +65,4 @@ class StepBoundary:
 
 
 def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+    return pid is None or process_alive(pid)

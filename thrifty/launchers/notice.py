@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from thrifty.launchers.failures import settle_on_node
+from thrifty.procs import process_alive
 from thrifty.protocol import EXIT_BUDGET, EXIT_RESUMABLE, STOP_KEY, STOPPED_KEY
 
 log = logging.getLogger("thrifty.notice")
@@ -370,11 +371,7 @@ def watch_pid(pid: int, cloud: str, poll_s: float | None, signal_children: bool)
     done = threading.Event()
     watcher = Watcher(make_probe(cloud), poll_s or POLL_S[cloud], lambda n: (send_sigterm(pid, signal_children), done.set()),
                       cloud).start()
-    while not done.is_set():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
+    while not done.is_set() and process_alive(pid):
         done.wait(0.2)
     watcher.stop()
     return 0
