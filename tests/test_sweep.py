@@ -442,12 +442,16 @@ def test_killed_search_resumes_and_finds_the_known_answer(prefect_harness, e2e_s
 
 
 @pytest.mark.slow
-def test_a_cap_that_cannot_carry_every_trial_forces_pruning_and_holds(prefect_harness, e2e_store):
-    """$0.004 covers two or three short jobs (each reserves its estimate x 1.5 plus 5 s to stop in, and never less
-    than its first checkpoint at the estimate's high end): the rest are refused with the reason, nothing is
-    launched past the cap, and the spend stays under it."""
+def test_a_cap_that_cannot_carry_every_trial_forces_pruning_and_holds(prefect_harness, e2e_store, monkeypatch):
+    """At a fixed pace the search's least work (5 trials to epoch 1, one to 3, one to 9: 195 steps of 0.3 s) costs
+    more than $0.0049 at g5.xlarge's $0.302/h, so $0.004 cannot carry it on any machine, while it covers the first
+    job (its estimate x 1.5 plus 5 s to stop in, never less than its first checkpoint): the rest are refused with
+    the reason, nothing is launched past the cap, and the spend stays under it."""
     from flows.sweep import sweep
 
+    pace_s = 0.3
+    monkeypatch.setenv("THRIFTY_MIN_STEP_S", str(pace_s))  # the node's steps take at least this long
+    assert 195 * pace_s * 0.302 / 3600 > 0.004
     cfg = digits_sweep(e2e_store, "tight", max_usd=0.004)
     out = sweep(cfg, poll_s=0.2)
     refused = [r for r in out.leaderboard if r["state"] == "out_of_budget"]
