@@ -127,7 +127,7 @@ def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, 
         "cache": (f"measured: the cold preprocessing ({cold_preprocess_s:.1f} s) at the node's on-demand price"
                   if cache_hit else "none: the preprocessing ran (a cache miss) or the run has none"),
     }
-    if warm and warm.steps_not_trained and steps:
+    if warm and warm.steps_not_trained is not None and steps:  # a warm start that saved nothing says so: $0
         levers["warm_start"] = od_fp32 * warm.steps_not_trained / steps
         basis["warm_start"] = (f"measured: the from-scratch run its weights descend from needed "
                                f"{warm.steps_not_trained} steps more to reach this run's best metric, at this run's average step cost")
