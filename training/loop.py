@@ -24,7 +24,7 @@ from thrifty.spot.preemption import config_mtbp, node_mtbp
 from thrifty.runs import RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
 from thrifty.money.throughput import speed_key
-from training import export, warm_start
+from training import export, memory, warm_start
 from training.cap_watchdog import CapWatchdog, armed
 from training.boundary import StepBoundary
 from training.checkpoint import CheckpointManager
@@ -133,6 +133,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     # ---- model, optimizer, schedule, scaler, early stopping
     seed_everything(tc.seed)
     model = recipe.make_model(params, cache.manifest["meta"]).to(device)
+    recomputed = memory.apply(model, recipe, tc)  # train.activation_checkpointing: less memory for more compute
     # an exponential moving average of the weights, updated after every optimizer step; evaluated instead of them
     ema = (torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(
         tc.ema_decay), use_buffers=True) if tc.ema_decay is not None else None)
@@ -174,15 +175,15 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     emit({"event": "start", "step": state.step, "total_steps": total_steps, "resumes": state.resumes,
           **({"stop_step": stop_steps} if stop_steps < total_steps else {}),  # this job ends there (a search's rung)
           "precision": precision_name(amp), "device": str(device), "world_size": dist.world,
-          "cache_key": cache.key, "cache_hit": cache.hit,
+          "cache_key": cache.key, "cache_hit": cache.hit, "recomputed_blocks": recomputed,
           # what lets `thrifty plan` and the budget gate reuse this attempt's speed (thrifty.money.throughput)
           "speed_key": speed_key(cfg), "train_examples": train_split.n}
          | ({"mtbp_s": round(mtbp.mtbp_s, 1), "mtbp_source": mtbp.source, "mtbp_detail": mtbp.detail}
             if schedule.auto else {}))
     if schedule.auto and dist.is_main:
         log.info("auto checkpoint interval: mean time between preemptions %s", mtbp.describe())
-    log.info("training %s: %d steps (%d per epoch), %s on %s, cache %s", recipe.name, total_steps, steps_per_epoch,
-             precision_name(amp), device, "hit" if cache.hit else "miss")
+    log.info("training %s: %d steps (%d per epoch), %s on %s, cache %s; %s", recipe.name, total_steps,
+             steps_per_epoch, precision_name(amp), device, "hit" if cache.hit else "miss", memory.describe(recomputed, tc))
 
     # checkpoints are written by one background thread (train.async_checkpoint); the metrics go up after each COMMIT
     writer = CheckpointWriter(ckpts, tc.async_checkpoint, metrics.put if metrics and metrics.upload else None)

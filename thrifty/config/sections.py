@@ -72,6 +72,14 @@ class TrainConfig(_Frozen):
         "memory on a GPU), one write at a time, COMMIT after the data; the final save and a stop's save wait for "
         "it. false = write on the training thread. A kill during a background write redoes the steps since the "
         "checkpoint before it.")
+    activation_checkpointing: Literal["off", "full", "selective"] = Field(
+        "off", description="Recompute the activations of the model's blocks in the backward pass instead of keeping "
+        "them: far less memory a step (a larger micro_batch, or a cheaper GPU) for about one more forward pass of "
+        "compute. full = every block, selective = every activation_checkpointing_every-th block, off = keep them "
+        "all. The blocks are the recipe's (Recipe.blocks), else the model's 'blocks' or 'layers' list. The weights "
+        "come out the same either way, so it may change at any resume.")
+    activation_checkpointing_every: int = Field(
+        2, ge=1, description="With activation_checkpointing=selective: recompute every Nth block, from the first (count).")
     eval_every: int | None = Field(
         None, ge=1, description="Optimizer steps between validations; null = once per epoch."
     )
