@@ -52,7 +52,7 @@ def smoke_test(cfg: RunConfig, steps: int = 5) -> SmokeResult:
     requested = "bf16" if cfg.train.precision == "auto" else cfg.train.precision
     amp = pick_precision(requested, device)
     tc = cfg.train
-    n = min(split.n, tc.micro_batch)
+    n = min(split.n, tc.step_batch() if tc.micro_batch == "auto" else tc.micro_batch)  # auto: one micro-batch here
     stage = "building the model"
     batch = None
     try:
