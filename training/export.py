@@ -60,7 +60,7 @@ def export_checkpoint(store: Store, run_id: str, info: CheckpointInfo, dtype: st
     fp32_bytes = sum(t.numel() * 4 for t in _unique(full).values() if t.is_floating_point())
     half, aliases = to_half(full, dtype)
     metric = cfg.train.early_stopping.metric
-    batch = max(cfg.train.micro_batch, EVAL_BATCH)
+    batch = max(cfg.train.step_batch(), EVAL_BATCH)
     model.load_state_dict(full)
     full_eval = evaluate(model, recipe, splits, device, None, batch)
     model.load_state_dict({**half, **{a: half[n] for a, n in aliases.items()}})  # cast back up by load: fp32 math

@@ -24,7 +24,7 @@ from thrifty.spot.preemption import config_mtbp, node_mtbp
 from thrifty.runs import RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
 from thrifty.money.throughput import speed_key
-from training import export, warm_start
+from training import batch_probe, export, memory, warm_start
 from training.cap_watchdog import CapWatchdog, armed
 from training.boundary import StepBoundary
 from training.checkpoint import CheckpointManager
@@ -133,6 +133,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     # ---- model, optimizer, schedule, scaler, early stopping
     seed_everything(tc.seed)
     model = recipe.make_model(params, cache.manifest["meta"]).to(device)
+    recomputed = memory.apply(model, recipe, tc)  # train.activation_checkpointing: less memory for more compute
     # an exponential moving average of the weights, updated after every optimizer step; evaluated instead of them
     ema = (torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(
         tc.ema_decay), use_buffers=True) if tc.ema_decay is not None else None)
@@ -159,6 +160,10 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
                  state.batch_in_epoch, steps_per_epoch)
     elif tc.init_from:  # a warm start: another run's weights, only while this run has no checkpoint of its own
         warm_start.apply(store, cfg, model, ema, record=dist.is_main)
+    # the micro-batch: the config's, or (auto) the largest that fits this device, kept while the device stays the same
+    choice = batch_probe.resolve(tc, model, recipe, train_split, device, amp,
+                                 saved.get("micro_batch") if loaded is not None else None, dist)
+    micro_batch, accum = choice.micro_batch, choice.grad_accum_steps
     ddp_model = model
     if dist.enabled:
         ddp_model = torch.nn.parallel.DistributedDataParallel(
@@ -174,15 +179,16 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     emit({"event": "start", "step": state.step, "total_steps": total_steps, "resumes": state.resumes,
           **({"stop_step": stop_steps} if stop_steps < total_steps else {}),  # this job ends there (a search's rung)
           "precision": precision_name(amp), "device": str(device), "world_size": dist.world,
-          "cache_key": cache.key, "cache_hit": cache.hit,
+          "cache_key": cache.key, "cache_hit": cache.hit, "recomputed_blocks": recomputed,
+          "micro_batch": micro_batch, "grad_accum_steps": accum,
           # what lets `thrifty plan` and the budget gate reuse this attempt's speed (thrifty.money.throughput)
           "speed_key": speed_key(cfg), "train_examples": train_split.n}
          | ({"mtbp_s": round(mtbp.mtbp_s, 1), "mtbp_source": mtbp.source, "mtbp_detail": mtbp.detail}
             if schedule.auto else {}))
     if schedule.auto and dist.is_main:
         log.info("auto checkpoint interval: mean time between preemptions %s", mtbp.describe())
-    log.info("training %s: %d steps (%d per epoch), %s on %s, cache %s", recipe.name, total_steps, steps_per_epoch,
-             precision_name(amp), device, "hit" if cache.hit else "miss")
+    log.info("training %s: %d steps (%d per epoch), %s on %s, cache %s; %s", recipe.name, total_steps,
+             steps_per_epoch, precision_name(amp), device, "hit" if cache.hit else "miss", memory.describe(recomputed, tc))
 
     # checkpoints are written by one background thread (train.async_checkpoint); the metrics go up after each COMMIT
     writer = CheckpointWriter(ckpts, tc.async_checkpoint, metrics.put if metrics and metrics.upload else None)
@@ -221,6 +227,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
                 "loop": asdict(LoopState(**{**asdict(state), "checkpoints_written": state.checkpoints_written + 1,
                                             "train_time_s": base_train_time + (time.perf_counter() - attempt_t0)})),
                 "config": cfg.model_dump_json(), "data_key": cache.key, "world_size": dist.world,
+                "micro_batch": choice.record(),  # micro_batch auto: a resume on the same device reuses it
             }
             # the COMMIT carries the metric only where these weights scored a new best: retention keeps that one
             report(writer.save(checkpoint, state.step, best_metric_at(stopper, state.step), wait=final))
@@ -252,12 +259,12 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         def fetch(micro: int) -> dict[str, torch.Tensor]:
             nonlocal wait
             tw = time.perf_counter()
-            start = state.batch_in_epoch * global_batch + (micro * dist.world + dist.rank) * tc.micro_batch
-            batch = train_split.batch(perm[batch_positions(start, tc.micro_batch, train_split.n)], device)
+            start = state.batch_in_epoch * global_batch + (micro * dist.world + dist.rank) * micro_batch
+            batch = train_split.batch(perm[batch_positions(start, micro_batch, train_split.n)], device)
             wait += time.perf_counter() - tw
             return recipe.apply_transform(batch, tc.seed, state.epoch, state.batch_in_epoch, micro, dist.rank)
 
-        loss = optimizer_step(ddp_model, recipe, fetch, tc.grad_accum_steps, optimizer, scaler, device, amp,
+        loss = optimizer_step(ddp_model, recipe, fetch, accum, optimizer, scaler, device, amp,
                               tc.grad_clip, ddp=dist.enabled)
         diverged = diverged + 1 if not math.isfinite(loss) else 0
         if diverged and (not scaler.is_enabled() or diverged >= MAX_NONFINITE_STEPS):  # fp16 skips a few by design
@@ -293,7 +300,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         if (tc.eval_every and state.step % tc.eval_every == 0) or (tc.eval_every is None and end_of_epoch) \
                 or state.step in (total_steps, stop_steps):  # a rung's end is measured: the search ranks it
             state.last_eval = evaluate(ema.module if ema is not None else model, recipe, splits, device, amp,
-                                       tc.micro_batch * tc.grad_accum_steps)
+                                       tc.step_batch())
             state.last_eval_step = state.step
             best = stopper.update(state.last_eval[es_cfg.metric], state.step)
             new_best = dist.any(best)  # every rank saves the same steps

@@ -24,7 +24,7 @@ from thrifty.results import SmokeResult
 from thrifty.storage import FileStore, open_store
 from training.checkpoint import CheckpointManager
 from thrifty.runs.checkpoints import committed
-from training import warm_start
+from training import memory, warm_start
 from training.data import open_cache
 from training.steps import evaluate, optimizer_step
 from training.runtime import autocast, pick_precision, precision_name, seed_everything, weights_sha256
@@ -52,12 +52,15 @@ def smoke_test(cfg: RunConfig, steps: int = 5) -> SmokeResult:
     requested = "bf16" if cfg.train.precision == "auto" else cfg.train.precision
     amp = pick_precision(requested, device)
     tc = cfg.train
-    n = min(split.n, tc.micro_batch)
+    n = min(split.n, tc.step_batch() if tc.micro_batch == "auto" else tc.micro_batch)  # auto: one micro-batch here
     stage = "building the model"
     batch = None
     try:
         seed_everything(tc.seed)
         model = recipe.make_model(params, cache.manifest["meta"]).to(device)
+        stage = "finding the model's blocks for train.activation_checkpointing"
+        memory.apply(model, recipe, tc)  # the node's steps, recomputed blocks and all: a recipe without blocks fails here
+        stage = "building the model"
         batch = split.batch(np.arange(n), device)
         if tc.init_from and not committed(store, cfg.run_name):  # the warm start's shapes, before anything is rented
             stage = f"loading init_from {tc.init_from}"

@@ -48,10 +48,13 @@ def check_data(cfg: RunConfig, sizes: dict[str, int], world: int) -> None:
     tc = cfg.train
     n_train = sizes.get("train", 0)
     if tc.steps_per_epoch(n_train, world) == 0:
+        auto = tc.micro_batch == "auto"
+        made_of = (f"batch_size {tc.batch_size}" if auto else
+                   f"micro_batch {tc.micro_batch} x grad_accum_steps {tc.grad_accum_steps}")
+        lower = "train.batch_size" if auto else "train.micro_batch or train.grad_accum_steps"
         raise ConfigError(
-            f"'train.micro_batch': one optimizer step needs {tc.examples_per_step(world)} examples (micro_batch "
-            f"{tc.micro_batch} x grad_accum_steps {tc.grad_accum_steps} x {world} process(es)) but the training "
-            f"split has {n_train}. Lower train.micro_batch or train.grad_accum_steps, use more data, or set "
+            f"'train.micro_batch': one optimizer step needs {tc.examples_per_step(world)} examples ({made_of} x "
+            f"{world} process(es)) but the training split has {n_train}. Lower {lower}, use more data, or set "
             "train.drop_last=false to train on a padded partial step."
         )
 

@@ -30,10 +30,11 @@ PATTERN_HELP = {
 
 MAX_ERRORS_SHOWN = 20  # a file of ten thousand typos makes one readable message
 # train fields that cannot change the final weights (an export of them is written after the end)
-PAUSE_AND_IO_FIELDS = ("stop_at_epoch", "async_checkpoint", "export_half", "export_tolerance")
+PAUSE_AND_IO_FIELDS = ("stop_at_epoch", "async_checkpoint", "export_half", "export_tolerance",
+                       "activation_checkpointing", "activation_checkpointing_every")  # same weights either way
 # train fields added after runs were fingerprinted: left out at these defaults, so the fingerprint of a run finished
 # before them, and a resume of its checkpoints, still match
-LATER_DEFAULTS: dict[str, Any] = {"init_from": None, "init_prefixes": []}
+LATER_DEFAULTS: dict[str, Any] = {"init_from": None, "init_prefixes": [], "batch_size": None, "micro_batch_headroom": 0.1}
 _ABSENT = object()
 
 
@@ -136,9 +137,32 @@ def _dated(run_name: str, when: dt.date) -> str:
     return run_name.replace("{date}", when.strftime("%Y%m%d"))
 
 
+_UNION_MEMBER = re.compile(r"^(int|float|str|bool|none|[a-z-]+\[.*\])$")  # pydantic's tag of a union's member
+_MEMBER_WORDS = {"int": "a whole number", "float": "a number", "str": "a string", "bool": "true or false",
+                 "none": "null"}
+
+
+def _merge_union_members(errors: list[Any]) -> list[Any]:
+    """A value that fits no member of a union (``int | 'auto'``) fails once per member, each under a tag (``int``,
+    ``literal['auto']``): one error for the field instead, naming what it may be."""
+    merged: dict[tuple, dict[str, Any]] = {}
+    for e in errors:
+        field = tuple(p for p in e["loc"] if not (isinstance(p, str) and _UNION_MEMBER.match(p)))
+        tags = [p for p in e["loc"] if isinstance(p, str) and _UNION_MEMBER.match(p)]
+        if not tags:
+            merged[(id(e),)] = e
+            continue
+        word = _MEMBER_WORDS.get(tags[-1]) or (e.get("ctx") or {}).get("expected") or tags[-1]
+        if field in merged:
+            merged[field]["msg"] += f" or {word}"
+        else:
+            merged[field] = {**e, "loc": field, "type": "union", "msg": f"must be {word}"}
+    return list(merged.values())
+
+
 def format_validation_error(err: ValidationError, source: str, what: str = "run config") -> str:
     parts = []
-    errors = err.errors()
+    errors = _merge_union_members(err.errors())
     for e in errors[:MAX_ERRORS_SHOWN]:
         loc = cut(".".join(str(p) for p in e["loc"])) or "(top level)"
         if e["type"] == "extra_forbidden":

@@ -35,7 +35,16 @@ class TrainConfig(_Frozen):
         None, ge=1, description="End this job when this many epochs are trained, with a checkpoint and an "
         "evaluation (a rung of a hyperparameter search); the LR schedule still runs to max_epochs, so a later job "
         "with a larger value continues the same run exactly. null = train to the end (epochs).")
-    micro_batch: int = Field(64, ge=1, description="Examples per forward/backward pass, per process (examples).")
+    micro_batch: Union[int, AutoChoice] = Field(
+        64, description="Examples per forward/backward pass, per process (examples), or auto = the largest that fits "
+        "the node's GPU memory (probed there with real steps, micro_batch_headroom kept free; again after a recovery "
+        "onto another GPU), gradient accumulation making up batch_size exactly.")
+    batch_size: int | None = Field(
+        None, ge=1, description="Examples per optimizer step, per process (examples): required with micro_batch=auto, "
+        "which keeps it whatever micro-batch fits (grad_accum_steps = batch_size / micro-batch). null = micro_batch "
+        "x grad_accum_steps.")
+    micro_batch_headroom: float = Field(
+        0.1, ge=0.0, lt=0.9, description="With micro_batch=auto: the share of the GPU's memory left free (fraction).")
     grad_accum_steps: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step (count).")
     lr: float = Field(1e-3, gt=0.0, description="Peak learning rate of AdamW (per step).")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay (fraction per step).")
@@ -72,6 +81,14 @@ class TrainConfig(_Frozen):
         "memory on a GPU), one write at a time, COMMIT after the data; the final save and a stop's save wait for "
         "it. false = write on the training thread. A kill during a background write redoes the steps since the "
         "checkpoint before it.")
+    activation_checkpointing: Literal["off", "full", "selective"] = Field(
+        "off", description="Recompute the activations of the model's blocks in the backward pass instead of keeping "
+        "them: far less memory a step (a larger micro_batch, or a cheaper GPU) for about one more forward pass of "
+        "compute. full = every block, selective = every activation_checkpointing_every-th block, off = keep them "
+        "all. The blocks are the recipe's (Recipe.blocks), else the model's 'blocks' or 'layers' list. The weights "
+        "come out the same either way, so it may change at any resume.")
+    activation_checkpointing_every: int = Field(
+        2, ge=1, description="With activation_checkpointing=selective: recompute every Nth block, from the first (count).")
     eval_every: int | None = Field(
         None, ge=1, description="Optimizer steps between validations; null = once per epoch."
     )
@@ -131,9 +148,38 @@ class TrainConfig(_Frozen):
             raise ValueError("checkpoint_every must be a positive number of steps or 'auto'")
         return v
 
+    @field_validator("micro_batch")
+    @classmethod
+    def _positive_micro_batch(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("micro_batch must be a positive number of examples or 'auto'")
+        return v
+
+    @model_validator(mode="after")
+    def _one_step_batch(self) -> "TrainConfig":
+        if self.micro_batch == "auto":
+            if self.batch_size is None:
+                raise ValueError("micro_batch=auto keeps the examples per optimizer step that batch_size says: set "
+                                 "train.batch_size (e.g. 256), or a number for micro_batch")
+            if self.grad_accum_steps != 1:
+                raise ValueError("micro_batch=auto sets the gradient accumulation itself (batch_size / the micro-batch "
+                                 "that fits): leave grad_accum_steps at 1")
+        elif self.batch_size is not None and self.batch_size != self.micro_batch * self.grad_accum_steps:
+            raise ValueError(f"batch_size {self.batch_size} is not micro_batch x grad_accum_steps "
+                             f"({self.micro_batch} x {self.grad_accum_steps}); set one of them to match, batch_size "
+                             "to null, or micro_batch to auto")
+        return self
+
+    def step_batch(self) -> int:
+        """Examples in one optimizer step of one process, whatever micro-batch carries them."""
+        if self.micro_batch == "auto":
+            assert self.batch_size is not None  # the validator's rule
+            return self.batch_size
+        return self.micro_batch * self.grad_accum_steps
+
     def examples_per_step(self, world: int) -> int:
         """Examples in one optimizer step across ``world`` processes."""
-        return self.micro_batch * self.grad_accum_steps * world
+        return self.step_batch() * world
 
     def steps_per_epoch(self, n_train: int, world: int) -> int:
         """Optimizer steps in one pass over ``n_train`` examples (a last partial step is dropped unless drop_last

@@ -19,6 +19,8 @@ preprocess, model, step); everything else has a default that the two built-ins u
 - ``transform(batch, generator)`` changes each training micro-batch (augmentation); draw all
   randomness from ``generator``, which is seeded by (seed, epoch, step, micro-batch, rank) so a
   resumed run sees the same augmented batches.
+- ``blocks(model)`` names the model's repeated blocks for ``train.activation_checkpointing``
+  (default: the model's ``blocks`` or ``layers`` ModuleList).
 
 The preprocessing cache is keyed by ``fingerprint_raw()`` + the source of ``preprocess``, the
 params model and the module-level functions and classes ``preprocess`` uses (not the whole
@@ -43,7 +45,7 @@ import sys
 import textwrap
 import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, Union
 
 import numpy as np
 import torch
@@ -153,6 +155,9 @@ class Recipe:
     transform: Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]] | None = None
     summary_fields: Callable[[dict[str, Any]], dict[str, Any]] = lambda meta: {}
     code_sources: list[Any] = field(default_factory=list)  # extra objects whose source is part of the cache key
+    # the model's blocks, for train.activation_checkpointing (e.g. lambda model: model.transformer.h); None = the
+    # model's 'blocks' or 'layers' ModuleList
+    blocks: Callable[[torch.nn.Module], Sequence[torch.nn.Module]] | None = None
 
     def __post_init__(self) -> None:
         self.eval_splits = tuple(self.eval_splits)

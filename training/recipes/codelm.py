@@ -327,4 +327,5 @@ def recipe() -> Recipe:
         step=step,
         metrics={"token_accuracy": "correct_tokens"},
         summary_fields=summary_fields,
+        blocks=lambda model: model.blocks,  # the transformer blocks: what activation checkpointing recomputes
     )
