@@ -47,7 +47,8 @@ def loss_and_spend_chart(metrics: list[dict[str, Any]], attempts: list[Attempt],
         return "_no training metrics recorded_\n"
     resumed = [m["step"] for m in metrics if m.get("event") == "start" and m.get("step", 0) > 0]
     t0 = curve[0].time_unix
-    lines = [chart.markdown_image(chart.svg(curve, max_usd, resumed), "loss and spend over time"), "",
+    eval_name, evals = chart.eval_curve(metrics)
+    lines = [chart.markdown_image(chart.svg(curve, max_usd, resumed, evals, eval_name), "loss and spend over time"), "",
              f"Loss {curve[0].loss:.3f} → {curve[-1].loss:.3f} over {curve[-1].step} steps; "
              f"spend ${usd(curve[-1].spend_usd)}" + (f" of the ${max_usd:g} budget" if max_usd else "") + ".", "",
              "| minute | step | loss | spend $ |", "|---:|---:|---:|---:|"]

@@ -65,3 +65,49 @@ def test_money_never_prints_minus_zero_and_attempt_rows_are_narrow():
     _, attempts = resumed_run()
     rows = attempt_rows(attempts)
     assert [r["end"] for r in rows] == ["preempted", "succeeded"] and len(rows[0]) <= 8
+
+
+def decoded(md: str) -> str:
+    src = re.search(r"\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", md).group(1)
+    return base64.b64decode(src).decode()
+
+
+def test_the_chart_shows_the_validation_loss_labelled_axes_and_the_cap_within_reach():
+    metrics, attempts = resumed_run()
+    metrics += [{"time_unix": T0 + 20.5, "event": "eval", "step": 20, "val_loss": 2.5, "val_accuracy": 0.4},
+                {"time_unix": T0 + 131, "event": "eval", "step": 50, "val_loss": 1.75, "val_accuracy": 0.6}]
+    spent = sum(a.cost_usd() for a in attempts)
+    text = decoded(loss_and_spend_chart(metrics, attempts, max_usd=spent * 2))
+    svg = ET.fromstring(text)
+    lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == 3 and len(lines[2].get("points").split()) == 2  # train loss, spend, val_loss at 20 and 50
+    assert "val_loss 1.75" in text and "- - val_loss" in text
+    assert "optimizer step" in text and "spend (USD)" in text and ">loss<" in text
+    cap = [e for e in svg.iter("{http://www.w3.org/2000/svg}line") if e.get("stroke-dasharray") == "6 4"]
+    assert len(cap) == 1 and f"cap {chart.fmt_usd(spent * 2)}" in text
+    far = decoded(loss_and_spend_chart(metrics, attempts, max_usd=spent * 100))
+    assert "(above the chart)" in far and 'stroke-dasharray="6 4"' not in far
+
+
+def test_a_loss_that_spans_decades_is_drawn_on_a_log_scale():
+    attempts = [Attempt("job", 1, "aws", "local", "g5.xlarge", True, 3.6, 1, T0, ended_unix=T0 + 100,
+                        end_reason="succeeded", exit_code=0)]
+    falling = [{"time_unix": T0 + s, "step": s, "loss": 100.0 / s} for s in range(1, 101)]
+    svg = decoded(loss_and_spend_chart(falling, attempts))
+    assert "loss (log scale)" in svg
+    points = [tuple(map(float, p.split(","))) for p in ET.fromstring(svg).findall(
+        "{http://www.w3.org/2000/svg}polyline")[1].get("points").split()]
+    ys = [y for _, y in points]
+    # on a log axis the drop from 100 to 10 takes as much height as the drop from 10 to 1
+    assert abs((ys[9] - ys[0]) - (ys[99] - ys[9])) < 1.0
+    assert "loss (log scale)" not in decoded(loss_and_spend_chart(resumed_run()[0], resumed_run()[1]))
+
+
+def test_the_sweep_chart_spreads_its_points_over_the_axis_and_names_the_cap():
+    from thrifty.sweep.report import ChartPoint, svg
+
+    points = [ChartPoint(0.001 * i, 1.0 / i, f"t{i}") for i in range(1, 6)]
+    text = svg(points, "min", "val_loss", max_usd=1.0)
+    xs = [float(c.get("cx")) for c in ET.fromstring(text).iter("{http://www.w3.org/2000/svg}circle")]
+    assert max(xs) > 0.8 * chart.WIDTH  # the last point near the right end, not in the left fifth
+    assert "(cap $1.00)" in text

@@ -78,7 +78,7 @@ def svg(points: list[ChartPoint], mode: str, metric: str, max_usd: float | None 
     if not points:
         return ""
     points = sorted(points, key=lambda p: p.spend_usd)
-    top_usd = max(max(p.spend_usd for p in points), max_usd or 0.0, 1e-12)
+    top_usd = max(max(p.spend_usd for p in points) * 1.05, 1e-12)  # the points fill the axis; the cap is in words
     x = scale(0.0, top_usd, PAD_L, WIDTH - PAD_R)
     lo, hi = min(p.value for p in points), max(p.value for p in points)
     y = scale(lo, hi, HEIGHT - PAD_B, PAD_T)
@@ -101,7 +101,7 @@ def svg(points: list[ChartPoint], mode: str, metric: str, max_usd: float | None 
         f'<text x="{(PAD_L + right) / 2:.0f}" y="{HEIGHT - 12}" {text} fill="#374151" text-anchor="middle">'
         "the search's cumulative spend</text>",
         f'<text x="{right}" y="{HEIGHT - 12}" {text} fill="#374151" text-anchor="end">{escape(fmt_usd(top_usd))}'
-        + (" (cap)" if max_usd and top_usd == max_usd else "") + "</text>",
+        + (f" (cap {escape(fmt_usd(max_usd))})" if max_usd else "") + "</text>",
         f'<polyline points="{" ".join(line)}" fill="none" stroke="{BEST_COLOUR}" stroke-width="2"/>',
     ]
     parts += [f'<circle cx="{x(p.spend_usd):.1f}" cy="{y(p.value):.1f}" r="3.5" fill="{POINT_COLOUR}">'
