@@ -248,7 +248,8 @@ class TaggedConfig(RunConfig):
 def test_one_mlflow_run_per_flow_run_in_batches_within_the_servers_limits(mlflow_uri):
     t0 = 1_700_000_000.0
     steps = 1200  # 2400 step values and 140 params: three metric batches, two param batches
-    metrics = [{"step": s, "loss": 1.0 / s, "samples_per_s": 100.0 + s, "time_unix": t0 + s} for s in range(1, steps + 1)]
+    metrics = [{"step": s, "loss": 1.0 / s, "samples_per_s": 100.0 + s, "time_unix": t0 + s}
+               for s in range(1, steps + 1)]
     attempts = [_attempt(t0, t0 + steps + 5)]
     cfg = TaggedConfig.model_validate({"run_name": "mlf-batches", "report": {"mlflow_experiment": "thrifty-batches"},
                                        "recipe_params": {f"option_{i}": i for i in range(60)},
