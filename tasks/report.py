@@ -1,22 +1,26 @@
-"""Publish the run's Prefect artifacts: summary, attempts, savings by lever, loss-and-spend chart, cross-run table."""
+"""Publish the run's Prefect artifacts: summary, attempts, savings by lever, loss-and-spend chart, cross-run table;
+and log the run to MLflow when a tracking server is set (``report.mlflow_tracking_uri`` or $MLFLOW_TRACKING_URI)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import warnings
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import MarkdownArtifact, TableArtifact, create_markdown_artifact, create_table_artifact
 
 from thrifty.report import chart
+from thrifty.report import mlflow
 from thrifty.report import ends
 from thrifty.report import figures as figures_text
 from thrifty.report.reuse import export_text, warm_start_text
 from thrifty.money.budget import spend_usd
 from thrifty.money import savings
 from thrifty.money.estimate import Estimate
-from thrifty.config import RunConfig
+from thrifty.config import ConfigError, RunConfig
+from thrifty.config.report import tracking_uri
 from thrifty.results import JobOutcome, PrepResult, SmokeResult
 from thrifty.money.savings import SavingsReport
 from thrifty.money.ledger import Attempt, read_attempts
@@ -255,9 +259,44 @@ def publish(config: RunConfig, kind: str, message: str = "", job: JobOutcome | N
                   f"Attempts of run {run_id}: every job's, resumes included", flow_run_id)
         _artifact("table", savings_rows(savings.read_all(store)), SAVINGS_TABLE_KEY,
                   f"Savings of every Thrifty run in {store.uri}", flow_run_id)
-    if (me := flow_run_id or _flow_run_id()) is not None:
+    me = flow_run_id or _flow_run_id()
+    to_mlflow(config, kind, message, figures, attempts, metrics if attempts else [], me)
+    if me is not None:
         _PUBLISHED.add(str(me))
     return message, figures
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    try:
+        return get_run_logger()
+    except Exception:  # noqa: BLE001 - a hook has no run context: its own logger
+        return logging.getLogger("thrifty.report")
+
+
+def to_mlflow(config: RunConfig, kind: str, end: str, figures: SavingsReport | None, attempts: list[Attempt],
+              metrics: list[dict[str, Any]], flow_run_id: Any) -> str | None:
+    """Log the run's end to MLflow when a tracking server is set; returns the MLflow run's link. Never raises: a
+    server that refuses or does not answer is a warning naming its host (never credentials), the run's end stays."""
+    try:
+        uri = tracking_uri(config.report)
+    except ConfigError as exc:  # checked before anything was rented: the environment changed since
+        _logger().warning("run %s is not logged to MLflow: %s", config.run_name, exc)
+        return None
+    if uri is None:
+        return None
+    server = mlflow.Server.from_env(uri)
+    try:
+        from prefect.utilities.urls import url_for
+
+        ident = str(flow_run_id) if flow_run_id is not None else None
+        link = mlflow.log_end(server, config, kind, end, figures, attempts, metrics, ident,
+                              url_for("flow-run", obj_id=ident) if ident else None)
+    except Exception as exc:  # noqa: BLE001 - MLflow informs; it never fails a run
+        _logger().warning("could not log run %s to MLflow at %s (%s); the run's end is unaffected", config.run_name,
+                          server.host, exc if isinstance(exc, mlflow.MlflowError) else f"{type(exc).__name__}: {exc}"[:300])
+        return None
+    _logger().info("MLflow: run %s logged at %s", config.run_name, link)
+    return link
 
 
 @task(name="report", retries=0)

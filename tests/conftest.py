@@ -27,6 +27,10 @@ os.environ.update(
     }
 )
 
+for _mlflow_var in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME",
+                    "MLFLOW_TRACKING_PASSWORD"):  # a developer's own MLflow server never receives test runs
+    os.environ.pop(_mlflow_var, None)
+
 import torch  # noqa: E402
 
 torch.set_num_threads(1)

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator
 
 from thrifty.config.base import ConfigError, StoreUri, _Frozen
+from thrifty.config.report import ReportConfig, redacted
 from thrifty.config.reuse import DataConfig
 from thrifty.config.echo import check_plain, cut, shown
 from thrifty.config.sections import BudgetConfig, ComputeConfig, TrainConfig
@@ -81,6 +82,8 @@ class RunConfig(_Frozen):
                                  "alerts and where they go.")
     data: DataConfig = Field(default_factory=DataConfig, description="What the preprocessing cache does to the "
                              "recipe's examples before they are trained on: deduplication.")
+    report: ReportConfig = Field(default_factory=ReportConfig, description="Where the run's end is reported besides "
+                                 "Prefect: an MLflow tracking server. Not part of what is trained.")
 
     @field_validator("recipe_params")
     @classmethod
@@ -172,6 +175,8 @@ def format_validation_error(err: ValidationError, source: str, what: str = "run 
         else:
             msg = cut(e["msg"].removeprefix("Value error, "), 600)
             given = e.get("input")
+            if isinstance(given, str):
+                given = redacted(given)  # a URL's user:password@ is never echoed (the message reaches logs and the UI)
             echo = "" if isinstance(given, (dict, list)) or given is None else f" (got {shown(given)})"
             parts.append(f"'{loc}': {msg}{echo}")
     if len(errors) > MAX_ERRORS_SHOWN:

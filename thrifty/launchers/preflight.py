@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from thrifty.config import ConfigError, RunConfig
+from thrifty.config.report import tracking_uri
 from thrifty.launchers import make_launcher
 from thrifty.launchers.availability import spot_trace
 from thrifty.money.pricing import PricingError, quote_emulated
@@ -13,6 +14,7 @@ from thrifty.storage import StoreError, check_store
 def check_before_spending(cfg: RunConfig) -> None:
     """Raise ConfigError naming the setting to change if this run cannot be priced or launched as configured."""
     make_launcher(cfg)  # an unavailable launcher is a ConfigError
+    tracking_uri(cfg.report)  # a malformed $MLFLOW_TRACKING_URI: said now, not at the run's end
     if cfg.compute.launcher == "local":
         try:
             quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)
