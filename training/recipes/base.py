@@ -16,6 +16,7 @@ preprocess, model, step); everything else has a default that the two built-ins u
   A numerator the step never produces stops the first evaluation (and the smoke test) with an error.
 - ``optimizer(model, train_cfg)`` and ``scheduler(optimizer, train_cfg, total_steps)`` replace the
   default AdamW and warm-up + ``train.lr_schedule`` (cosine to ``train.min_lr_ratio`` by default).
+- ``flops_per_example(params, meta)`` (optional): training FLOPs per example, for achieved TFLOPS and MFU.
 - ``transform(batch, generator)`` changes each training micro-batch (augmentation); draw all
   randomness from ``generator``, which is seeded by (seed, epoch, step, micro-batch, rank) so a
   resumed run sees the same augmented batches.
@@ -153,6 +154,8 @@ class Recipe:
     transform: Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]] | None = None
     summary_fields: Callable[[dict[str, Any]], dict[str, Any]] = lambda meta: {}
     code_sources: list[Any] = field(default_factory=list)  # extra objects whose source is part of the cache key
+    # training FLOPs of one example (forward + backward), for the summary's achieved TFLOPS and MFU; None = unknown
+    flops_per_example: Callable[[RecipeParams, dict[str, Any]], float] | None = None
 
     def __post_init__(self) -> None:
         self.eval_splits = tuple(self.eval_splits)
