@@ -234,3 +234,25 @@ def test_profiling_on_writes_the_cost_map(tmp_path):
     assert profile["windows"] == 2 and profile["steps_profiled"] == 4  # one window per epoch
     assert profile["ops"] and all(0.0 < op["share"] <= 1.0 for op in profile["ops"])
     assert any(op["name"] in ("aten::addmm", "aten::mm", "aten::linear") for op in profile["ops"])
+
+
+def test_the_cost_map_sums_operators_as_key_averages_does(tmp_path):
+    from thrifty.storage import open_store
+    from training.profiling import CostMap
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    cmap = CostMap(3, open_store(str(tmp_path)), "r", 100, 2.0, torch.device("cpu"))
+    seen = {}
+
+    def collect(prof):
+        seen.update({e.key: e.self_cpu_time_total for e in prof.key_averages() if e.self_cpu_time_total > 0})
+        cmap._collect(prof)
+
+    with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1),
+                                on_trace_ready=collect) as prof:
+        for _ in range(4):
+            model(torch.randn(8, 16)).sum().backward()
+            prof.step()
+    assert seen and set(cmap._self_us) == set(seen)
+    for key, us in seen.items():
+        assert cmap._self_us[key] == pytest.approx(us, rel=1e-6, abs=1e-3), key

@@ -82,12 +82,16 @@ class CostMap:
             self._prof = None
 
     def _collect(self, prof: Any) -> None:
-        for ev in prof.key_averages():
+        # summed by hand, as key_averages() would: it takes ~20x longer (0.4 s a window for a small GPT on a CPU)
+        cpu = torch.autograd.DeviceType.CPU
+        for ev in prof.events():
+            if getattr(ev, "device_type", cpu) != cpu:  # a kernel's time is counted in its operator's self time
+                continue
             us = (getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0.0)
                   if self.cuda else ev.self_cpu_time_total)
             if us > 0:
                 self._self_us[ev.key] += float(us)
-                self._calls[ev.key] += int(ev.count)
+                self._calls[ev.key] += 1
 
     def report(self) -> dict[str, Any]:
         """What profile.json holds: the top operators, each with its share of a step and its projected dollars."""
