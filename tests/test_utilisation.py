@@ -256,3 +256,39 @@ def test_the_cost_map_sums_operators_as_key_averages_does(tmp_path):
     assert seen and set(cmap._self_us) == set(seen)
     for key, us in seen.items():
         assert cmap._self_us[key] == pytest.approx(us, rel=1e-6, abs=1e-3), key
+
+
+def test_script_mode_refuses_a_cost_map():
+    from thrifty.config import ConfigError
+    from training.validate import check_config
+
+    cfg = build_config({"run_name": "s", "recipe": "script", "recipe_params": {"command": ["python", "-c", "pass"]},
+                        "train": {"profile_steps": 3}})
+    with pytest.raises(ConfigError, match="profile_steps"):
+        check_config(cfg)
+
+
+def test_the_report_section_shows_utilisation_advice_and_the_cost_map(tmp_path):
+    from thrifty.money.ledger import Attempt
+    from thrifty.report.utilisation import section
+    from thrifty.runs import BestMetric, RunSummary
+    from thrifty.storage import open_store
+
+    store = open_store(str(tmp_path))
+    summary = RunSummary(
+        run_id="r", recipe="codelm", status="completed", steps=10, total_steps=10, epochs=1.0, stopped_early=False,
+        best_metric=BestMetric(name="val_loss", value=1.0, step=10, checkpoint_step=10), wall_time_s=3600.0,
+        data_wait_fraction=0.3, checkpoint_time_fraction=0.0, checkpoints_written=1, resumes=0, precision="bf16",
+        device="cuda", world_size=1, cache_key="k", weights_sha256="0" * 64,
+        utilisation={"gpu_busy_pct": 25.0, "gpu_memory_used_gb": 3.0, "gpu_memory_peak_gb": 4.0, "cpu_pct": 98.0,
+                     "data_wait_share": 0.3, "checkpoint_share": 0.01, "achieved_tflops": 14.0, "mfu": 0.04487,
+                     "mfu_basis": "A100 bf16 peak 312 TFLOPS (datasheets)", "device_name": "NVIDIA A100-SXM4-40GB"})
+    attempts = [Attempt("j", 1, "gcp", "us-central1", "a2-highgpu-1g", True, 1.469, 1, 0.0, 7200.0, "succeeded")]
+    assert section(store, "r", None, [], 0.0, ["gcp"]) == ""  # nothing measured: no section
+    store.put_bytes("runs/r/profile.json", json.dumps({"ops": [{"name": "aten::mm", "share": 0.5}],
+                                                       "steps_profiled": 5, "windows": 1}).encode())
+    text = section(store, "r", summary, attempts, 2.938, ["gcp"])
+    assert "## Utilisation" in text and "| GPU busy | 25 % of the time |" in text
+    assert "MFU 4.5% of the A100 bf16 peak" in text
+    assert "Right-size: the GPU was busy 25 %" in text and "n1-standard-4+T4" in text  # a T4 holds 4 GB x 1.2
+    assert "## Cost map" in text and "`aten::mm`: 50% of step time, about $1.46900 of this run" in text
