@@ -7,7 +7,7 @@ Arms, on digits (an MLP) and codelm (a small GPT), on CPU, interleaved round aft
 - ``profile``: ``profile_steps: 5`` (torch.profiler over 5 steps once per epoch).
 
 The profiler's one-time start-up in a process (kineto, ~1 s) is measured once and kept out of the ratios.
-The measure is the loop's own step time (``step_time_s`` of the metric lines, median over the windows) and the
+The measure is the loop's own step time (from the metric lines' ``samples_per_s``, median over the windows) and the
 wall time and the process's CPU time (every thread: the sampler's included) of the whole run; a ratio is the
 arm's over ``off``'s (1.000 = no cost). On a shared machine the CPU ratio is the steadier one. Then the bookkeeping itself,
 timed directly: one ``Telemetry.window`` call (once per metric line) and one ``sample`` (on the sampler thread),
@@ -66,12 +66,15 @@ def run_arm(store: str, recipe: str, arm: str, i: int) -> dict[str, float]:
     t0, c0 = time.perf_counter(), time.process_time()
     train(cfg)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    lines = [m for m in read_metrics(open_store(store), name) if m.get("event") is None and "step_time_s" in m]
+    lines = [m for m in read_metrics(open_store(store), name) if m.get("event") is None and "samples_per_s" in m]
     try:
         windows = json.loads(open_store(store).get_bytes(f"runs/{name}/profile.json"))["windows"]
     except Exception:  # noqa: BLE001 - not profiled
         windows = 0
-    return {"step_s": statistics.median(m["step_time_s"] for m in lines), "wall_s": wall, "cpu_s": cpu, "windows": windows}
+    # samples_per_s has the finer grain: step_time_s is rounded to 10 us, 2 % of a digits step
+    batch = spec["train"]["micro_batch"]
+    return {"step_s": statistics.median(batch / m["samples_per_s"] for m in lines), "wall_s": wall, "cpu_s": cpu,
+            "windows": windows}
 
 
 def bookkeeping(step_s: float, log_every: int = 10, every_s: float = 2.0, calls: int = 20_000) -> dict[str, float]:
