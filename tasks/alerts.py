@@ -16,6 +16,7 @@ from thrifty.config import RunConfig
 from thrifty.config.echo import redact_urls
 from thrifty.money.estimate import Estimate
 from thrifty.money.ledger import Attempt
+from thrifty.money.utilisation import Starvation, StarvationWatch, wait_readings
 from thrifty.runs import run_key
 from thrifty.storage import NotFound, Store
 
@@ -157,3 +158,26 @@ class BudgetGuard:
         emit_event(event=f"thrifty.budget.{kind}", resource=run_resource(self.run_id), payload=payload)
         if notify_blocks:
             notify(self.config.budget.notify, f"Thrifty budget: {self.run_id}", message, self.logger)
+
+
+class StarvedAlert:
+    """The GPU starved of data (``train.starved_alert_share`` of step time waiting, for ``starved_alert_minutes``):
+    the ``thrifty.gpu.starved`` event and the notification blocks of ``budget.notify``, once per spell, priced at the
+    run's $/h. Reads the data-wait share of the node's metric lines, so it works on a CPU too."""
+
+    def __init__(self, config: RunConfig, logger: Any):
+        self.config, self.logger = config, logger
+        self.watch = StarvationWatch(config.train.starved_alert_share, config.train.starved_alert_minutes)
+
+    def check(self, records: list[dict[str, Any]], usd_per_hour: float, now: float | None = None) -> Starvation | None:
+        found = self.watch.check(wait_readings(records), time.time() if now is None else now, usd_per_hour)
+        if found is not None:
+            run_id = self.config.run_name
+            message = found.message(run_id)
+            self.logger.warning("utilisation: %s", message)
+            emit_event(event="thrifty.gpu.starved", resource=run_resource(run_id),
+                       payload={"run_id": run_id, "data_wait_share": round(found.share, 4),
+                                "minutes": round(found.minutes, 1), "since_unix": found.since_unix,
+                                "usd_per_hour_waiting": round(found.usd_per_hour, 5)})
+            notify(self.config.budget.notify, f"Thrifty GPU starved: {run_id}", message, self.logger)
+        return found

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from tasks.alerts import BudgetGuard
+from tasks.alerts import BudgetGuard, StarvedAlert
 from tasks.deadline import DeadlineWatch
 from tasks.errors import fails_quietly
 from thrifty.runs import checkpoints, exits, lease
@@ -283,6 +283,7 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
 
     timer = CapTimer(launcher, job_id, margin, logger, ended)
     planned_burn = guard.estimate.usd_per_hour if guard.estimate else 0.0
+    starved = StarvedAlert(config, logger)
     try:
         while True:
             status = launcher.status(job_id)
@@ -319,6 +320,7 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
                             "launch said %s)", snap.projected_usd,
                             f"${guard.estimate.usd:.5f} for what was left" if guard.estimate else "nothing")
             timer.arm(snap.spend_usd, max(snap.burn_usd_per_hour, planned_burn), config.budget.max_usd)
+            starved.check(records, snap.burn_usd_per_hour or planned_burn)  # data waits priced at the run's $/h
             step, total = progress.get("step"), progress.get("total_steps")
             shown = (status.state, len(status.attempts), step)
             if shown != last_logged:

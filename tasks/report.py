@@ -15,6 +15,7 @@ from thrifty.report import chart
 from thrifty.report import mlflow
 from thrifty.report import ends
 from thrifty.report import figures as figures_text
+from thrifty.report import utilisation
 from thrifty.report.reuse import export_text, warm_start_text
 from thrifty.money.budget import spend_usd
 from thrifty.money import savings
@@ -250,6 +251,7 @@ def publish(config: RunConfig, kind: str, message: str = "", job: JobOutcome | N
         curve = loss_and_spend_chart(metrics, attempts, config.budget.max_usd)
         markdown = (render_summary(run_id, prep, smoke, estimate, job, figures, attempts, message,
                                    deadline_rows(config, attempts))
+                    + utilisation.section(store, run_id, summary, attempts, figures.actual_usd, config.compute.clouds)
                     + "## Loss and spend\n\n" + curve)
     else:
         markdown = f"# Run `{run_id}`\n\n{message}\n"

@@ -32,6 +32,8 @@ from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation, open_cache
 from training.resume import one_trainer, restore
 from training.progress import CheckpointSchedule, MetricsWriter
+from training.profiling import CostMap
+from training.telemetry import Telemetry, summary_record
 from training.steps import batch_positions, evaluate, optimizer_step
 from training.early_stopping import EarlyStopping, best_metric, best_metric_at
 from training.validate import check_arrays, check_config, check_data
@@ -190,6 +192,12 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     log.info("training %s: %d steps (%d per epoch), %s on %s, cache %s; %s", recipe.name, total_steps,
              steps_per_epoch, precision_name(amp), device, "hit" if cache.hit else "miss", memory.describe(recomputed, tc))
 
+    # utilisation sampled off the step path; the cost map (train.profile_steps) is None when off: no profiler at all
+    telemetry = Telemetry(tc.utilisation_every_s if dist.is_main else None,
+                          checkpoint_total_s=state.checkpoint_time_s).start()
+    cost_map = CostMap.maybe(tc.profile_steps if dist.is_main else 0, store, run_id, total_steps,
+                             meter.rate if meter else None, device)
+
     # checkpoints are written by one background thread (train.async_checkpoint); the metrics go up after each COMMIT
     writer = CheckpointWriter(ckpts, tc.async_checkpoint, metrics.put if metrics and metrics.upload else None)
 
@@ -264,6 +272,8 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             wait += time.perf_counter() - tw
             return recipe.apply_transform(batch, tc.seed, state.epoch, state.batch_in_epoch, micro, dist.rank)
 
+        if cost_map:
+            cost_map.begin(state.epoch)
         loss = optimizer_step(ddp_model, recipe, fetch, accum, optimizer, scaler, device, amp,
                               tc.grad_clip, ddp=dist.enabled)
         diverged = diverged + 1 if not math.isfinite(loss) else 0
@@ -279,6 +289,8 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         state.batch_in_epoch += 1
         pace(t0)
         step_time = time.perf_counter() - t0
+        if cost_map:
+            cost_map.end()
         state.data_wait_s += wait
         recent_step_s.append(step_time)
         fault_point("step")
@@ -292,7 +304,8 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
                   "lr": scheduler.get_last_lr()[0],
                   "samples_per_s": round(global_batch * window["n"] / max(window["time"], 1e-9), 1),
                   "step_time_s": round(window["time"] / window["n"], 5),
-                  "data_wait_s": round(window["wait"] / window["n"], 6)})
+                  "data_wait_s": round(window["wait"] / window["n"], 6),
+                  **telemetry.window(window["n"], window["time"], window["wait"], state.checkpoint_time_s)})
             window = {"loss": 0.0, "n": 0, "wait": 0.0, "time": 0.0}
 
         end_of_epoch = state.batch_in_epoch == steps_per_epoch
@@ -331,6 +344,9 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             break
 
     report(writer.close())  # a stop right after a due save: that write lands before the run says "interrupted"
+    telemetry.close()
+    if cost_map:
+        cost_map.close()
     wall = base_train_time + (time.perf_counter() - attempt_t0)
     if interrupted:
         emit({"event": "interrupted", "step": state.step, "reason": interrupted})
@@ -384,6 +400,9 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             weights_sha256=weights_sha256(model.state_dict()),
             init_from=warm_start.summary_record(store, cfg, state.step, stopper.best),
             half_export=export.at_end(store, run_id, ckpts.best(ckpts.committed()), tc, device),  # null: none
+            utilisation=summary_record(telemetry, recipe.flops_per_example(params, cache.manifest["meta"])
+                                       if recipe.flops_per_example else None, tc.examples_per_step(1), device,
+                                       precision_name(amp)),
             **recipe.summary_fields(cache.manifest["meta"]),
         )
         write_summary(store, summary)

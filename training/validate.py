@@ -30,6 +30,9 @@ def check_config(cfg: RunConfig) -> tuple[Recipe | None, RecipeParams | ScriptPa
         if cfg.train.init_from or cfg.train.export_half or cfg.data.dedup != "off":  # the command owns its weights
             raise ConfigError("'train.init_from', 'train.export_half' and 'data.dedup' act on a recipe's model and "
                               "cache; script mode's command loads, saves and reads its own: unset them, or use a recipe")
+        if cfg.train.profile_steps:  # the profiler wraps the built-in loop's steps; a command's are its own
+            raise ConfigError("'train.profile_steps': script mode's command runs its own steps, which the cost map "
+                              "cannot see; set it to 0, or use a recipe")
         return None, check_script(cfg)
     recipe = resolve_recipe(cfg.recipe)
     params = recipe.parse_params(cfg.recipe_params)

@@ -30,9 +30,12 @@ PATTERN_HELP = {
 
 
 MAX_ERRORS_SHOWN = 20  # a file of ten thousand typos makes one readable message
-# train fields that cannot change the final weights (an export of them is written after the end)
+# train fields that cannot change the final weights (an export of them is written after the end; recomputed
+# activations give the same weights) and telemetry (what is measured and alerted on: utilisation sampling, the
+# starvation alert, the profiler's cost map)
 PAUSE_AND_IO_FIELDS = ("stop_at_epoch", "async_checkpoint", "export_half", "export_tolerance",
-                       "activation_checkpointing", "activation_checkpointing_every")  # same weights either way
+                       "activation_checkpointing", "activation_checkpointing_every", "utilisation_every_s",
+                       "starved_alert_share", "starved_alert_minutes", "profile_steps")
 # train fields added after runs were fingerprinted: left out at these defaults, so the fingerprint of a run finished
 # before them, and a resume of its checkpoints, still match
 LATER_DEFAULTS: dict[str, Any] = {"init_from": None, "init_prefixes": [], "batch_size": None, "micro_batch_headroom": 0.1}

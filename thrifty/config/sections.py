@@ -113,6 +113,19 @@ class TrainConfig(_Frozen):
     export_tolerance: float = Field(
         0.01, gt=0.0, lt=1.0, description="How far the exported half-precision weights may move the early-stopping "
         "metric, relative to the full weights' value (fraction; 0.01 = 1 %).")
+    utilisation_every_s: float | None = Field(
+        2.0, gt=0.0, description="Sample GPU busy %, GPU memory and power (NVML, with nvidia-ml-py installed) and "
+        "the process's CPU % from a background thread this often, into the metric lines, the summary and the report "
+        "(s); null = off.")
+    starved_alert_share: float | None = Field(
+        0.3, gt=0.0, lt=1.0, description="Alert (event thrifty.gpu.starved, and budget.notify) when the steps spend "
+        "more than this share of their time waiting for data for starved_alert_minutes (fraction); null = off.")
+    starved_alert_minutes: float = Field(
+        10.0, gt=0.0, description="How long the data wait must stay over starved_alert_share before the alert "
+        "(minutes).")
+    profile_steps: int = Field(
+        0, ge=0, description="Profile this many steps once per epoch with torch.profiler: the operators' shares of "
+        "step time, priced at the run's $/h, go to runs/<run>/profile.json and the report (steps); 0 = off.")
 
     @field_validator("adam_betas")
     @classmethod

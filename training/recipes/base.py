@@ -16,6 +16,7 @@ preprocess, model, step); everything else has a default that the two built-ins u
   A numerator the step never produces stops the first evaluation (and the smoke test) with an error.
 - ``optimizer(model, train_cfg)`` and ``scheduler(optimizer, train_cfg, total_steps)`` replace the
   default AdamW and warm-up + ``train.lr_schedule`` (cosine to ``train.min_lr_ratio`` by default).
+- ``flops_per_example(params, meta)`` (optional): training FLOPs per example, for achieved TFLOPS and MFU.
 - ``transform(batch, generator)`` changes each training micro-batch (augmentation); draw all
   randomness from ``generator``, which is seeded by (seed, epoch, step, micro-batch, rank) so a
   resumed run sees the same augmented batches.
@@ -158,6 +159,8 @@ class Recipe:
     # the model's blocks, for train.activation_checkpointing (e.g. lambda model: model.transformer.h); None = the
     # model's 'blocks' or 'layers' ModuleList
     blocks: Callable[[torch.nn.Module], Sequence[torch.nn.Module]] | None = None
+    # training FLOPs of one example (forward + backward), for the summary's achieved TFLOPS and MFU; None = unknown
+    flops_per_example: Callable[[RecipeParams, dict[str, Any]], float] | None = None
 
     def __post_init__(self) -> None:
         self.eval_splits = tuple(self.eval_splits)

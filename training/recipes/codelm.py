@@ -307,6 +307,14 @@ def step(model: nn.Module, batch: dict[str, torch.Tensor]) -> StepOutput:
     return StepOutput(loss=loss, count=int(targets.numel()), sums={"correct_tokens": float(correct)})
 
 
+def flops_per_example(params: CodeLMParams, meta: dict[str, Any]) -> float:
+    """Training FLOPs of one window, as nanoGPT's estimate_mfu counts them (PaLM appendix B): 6 per parameter per
+    token (forward 2, backward 4), position embeddings left out, plus attention's 12 x layers x width x context."""
+    d, n_layer, t = params.n_embd, params.n_layer, meta["seq_len"]
+    n_params = meta["vocab_size"] * d + n_layer * (12 * d * d + 13 * d) + 2 * d  # tied head; biases and LayerNorms
+    return float(t * (6 * n_params + 12 * n_layer * d * t))
+
+
 def summary_fields(meta: dict[str, Any]) -> dict[str, Any]:
     return {
         "unigram_entropy_nats": meta["unigram_entropy_nats"],
@@ -328,4 +336,5 @@ def recipe() -> Recipe:
         metrics={"token_accuracy": "correct_tokens"},
         summary_fields=summary_fields,
         blocks=lambda model: model.blocks,  # the transformer blocks: what activation checkpointing recomputes
+        flops_per_example=flops_per_example,
     )
