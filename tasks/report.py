@@ -25,6 +25,7 @@ from thrifty.config.report import tracking_uri
 from thrifty.results import JobOutcome, PrepResult, SmokeResult
 from thrifty.money.savings import SavingsReport
 from thrifty.money.ledger import Attempt, read_attempts
+from thrifty.money.levers import precision_factor
 from thrifty.runs import checkpoints, read_metrics
 from thrifty.spot.deadline_run import deadline_moves, describe, market_split, read_record
 from thrifty.storage import open_store
@@ -232,7 +233,8 @@ def publish(config: RunConfig, kind: str, message: str = "", job: JobOutcome | N
     if attempts:
         metrics = read_metrics(store, run_id)
         figures = savings.breakdown(run_id, attempts, summary, bool(prep and prep.hit),
-                                    prep.cold_seconds if prep else 0.0, metrics, kind)
+                                    prep.cold_seconds if prep else 0.0, metrics, kind,
+                                    precision_factor(store, summary, metrics, attempts))
     if kind in ("completed", "stopped_early", "rung") or not ends.says_itself(message, run_id):
         step = job.checkpoint_step if job is not None else None
         detail = message if kind in ("bad_input", "failed", "cancelled", "crashed") else ""

@@ -35,6 +35,13 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+from prefect.logging.configuration import setup_logging  # noqa: E402
+
+# Prefect sets up its logging lazily, binding its console handler to sys.stderr as it is then: in the first test that
+# logs through Prefect, which may be a test's capsys stream, closed when that test ends ("I/O operation on closed
+# file" in whichever test logs next). Set it up now, on the session's own stream.
+setup_logging()
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -66,7 +66,8 @@ def test_an_unmeasured_lever_says_assumed_with_its_factor_wherever_it_is_shown(t
     savings.write(store, figs)
     assert main(["report", "--set", f"store={tmp_path / 'store'}"]) == 0
     printed = capsys.readouterr().out
-    assert "precision assumed: fp32 2x slower than bf16 on a GPU (not measured) (runs r)" in printed
+    assert "precision assumed: fp32 2x slower than bf16 on a GPU (not measured: no run of this model in fp32 on " \
+        "this accelerator in the store) (runs r)" in printed
     measured = savings.breakdown("r", one_hour_of_g5(), summary(100, 100, 10.0, False), False, 0.0, [])
     assert figures.assumed(measured) == {} and "assumed" not in figures.headline(measured)
 
@@ -153,3 +154,35 @@ def test_one_runs_figures_agree_with_its_ledger_everywhere_they_are_shown(prefec
     printed = capsys.readouterr().out
     line = next(x for x in printed.splitlines() if "agree" in x and re.search(r"\d+\.\d{5}", x))
     assert agrees(re.findall(r"\d+\.\d{5}", line)[0], ledger), printed
+
+
+def test_the_precision_lever_is_priced_from_the_stores_fp32_and_bf16_runs_of_the_model_on_that_gpu(tmp_path):
+    """Two earlier runs of the same model on a cloud A10G, one in fp32 and one in bf16, measured 100 and 250 examples/s:
+    a bf16 run there saves what 2.5x, not the assumed 2x, is worth, and says where that was measured."""
+    from thrifty.money.levers import precision_factor
+    from thrifty.money.ledger import write_job_attempts
+    from thrifty.runs import run_key
+    from thrifty.storage import open_store
+
+    store = open_store(str(tmp_path / "store"))
+    t0 = 1_800_000_000.0
+    for run, precision, speed in (("fp32-run", "fp32", 100.0), ("bf16-run", "bf16", 250.0)):
+        records = [{"time_unix": t0, "event": "start", "step": 0, "model_key": "m1", "speed_key": precision,
+                    "precision": precision, "device": "cuda:0", "world_size": 1}]
+        records += [{"time_unix": t0 + i, "step": 10 * i, "loss": 1.0, "samples_per_s": speed} for i in range(1, 6)]
+        store.put_bytes(run_key(run, "metrics", "a.jsonl"), "".join(json.dumps(r) + "\n" for r in records).encode())
+        write_job_attempts(store, run, "sky-1", [Attempt("sky-1", 1, "aws", "us-east-1", "g5.xlarge", True, 0.302, 1,
+                                                         t0 - 30, t0 + 60, "succeeded")])
+    mine = [{"event": "start", "model_key": "m1"}]
+    bf16 = summary(100, 100, 10.0, False, "bf16", "cuda")
+    measured = precision_factor(store, bf16, mine, one_hour_of_g5())
+    assert measured.factor == pytest.approx(2.5)
+    assert measured.basis.startswith("measured: bf16 trained 2.50x as fast as fp32 on A10G") and "fp32-run" in measured.basis
+    figs = savings.breakdown("r", one_hour_of_g5(), bf16, False, 0.0, [], precision=measured)
+    assert figs.levers_usd["precision"] == pytest.approx(1.006 * 1.5)  # the on-demand hour x (2.5 - 1)
+    assert figs.lever_basis["precision"] == measured.basis and figures.assumed(figs) == {}
+    # another model, or a GPU with no fp32 run of it, keeps the stated assumption
+    assert precision_factor(store, bf16, [{"event": "start", "model_key": "m2"}], one_hour_of_g5()) is None
+    l4 = [Attempt("j", 1, "aws", "us-east-1", "g6.xlarge", True, 0.5, 1, t0, t0 + 3600, "succeeded")]
+    assert precision_factor(store, bf16, mine, l4) is None
+    assert precision_factor(store, summary(100, 100, 10.0, False), mine, one_hour_of_g5()) is None  # fp32: no lever

@@ -23,7 +23,7 @@ from thrifty.money.meter import NodeMeter
 from thrifty.spot.preemption import config_mtbp, node_mtbp
 from thrifty.runs import RunSummary, run_key, write_summary
 from thrifty.storage import Store, open_store
-from thrifty.money.throughput import speed_key
+from thrifty.money.throughput import model_key, speed_key
 from training import batch_probe, export, memory, warm_start
 from training.cap_watchdog import CapWatchdog, armed
 from training.boundary import StepBoundary
@@ -184,7 +184,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
           "cache_key": cache.key, "cache_hit": cache.hit, "recomputed_blocks": recomputed,
           "micro_batch": micro_batch, "grad_accum_steps": accum,
           # what lets `thrifty plan` and the budget gate reuse this attempt's speed (thrifty.money.throughput)
-          "speed_key": speed_key(cfg), "train_examples": train_split.n}
+          "speed_key": speed_key(cfg), "model_key": model_key(cfg), "train_examples": train_split.n}
          | ({"mtbp_s": round(mtbp.mtbp_s, 1), "mtbp_source": mtbp.source, "mtbp_detail": mtbp.detail}
             if schedule.auto else {}))
     if schedule.auto and dist.is_main:

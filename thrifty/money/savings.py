@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from thrifty.money.budget import spend_usd
 from thrifty.money.estimate import FP32_SLOWDOWN_ON_GPU
+from thrifty.money.levers import MeasuredFactor
 from thrifty.money.pricing import PricingError, age_note, find_instance
 from thrifty.money.ledger import Attempt
 from thrifty.runs import RunSummary, run_key
@@ -104,7 +105,8 @@ def early_stop_saving(summary: RunSummary | None, actual_usd: float) -> EarlySto
 
 
 def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, cache_hit: bool,
-              cold_preprocess_s: float, metrics: list[dict[str, Any]], state: str | None = None) -> SavingsReport:
+              cold_preprocess_s: float, metrics: list[dict[str, Any]], state: str | None = None,
+              precision: MeasuredFactor | None = None) -> SavingsReport:
     """The figures for a run however it ended (``state``; by default its summary's status). The naive way does
     the same work: the steps this run trained, on-demand, in fp32, preprocessing from scratch."""
     actual = spend_usd(attempts)
@@ -112,7 +114,8 @@ def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, 
     hours = sum(a.hours() for a in attempts)
     od_rate = on_demand / hours if hours else 0.0  # $/h of the same nodes on-demand
     mixed_on_gpu = summary is not None and summary.precision in ("bf16", "fp16") and summary.device == "cuda"
-    fp32_factor = FP32_SLOWDOWN_ON_GPU if mixed_on_gpu else 1.0
+    # what fp32 would have taken: measured on this accelerator (``precision``, thrifty.money.levers), else assumed
+    fp32_factor = (precision.factor if precision else FP32_SLOWDOWN_ON_GPU) if mixed_on_gpu else 1.0
     od_fp32 = on_demand * fp32_factor
     warm = summary.init_from if summary else None  # steps a from-scratch run needed beyond this warm start's
     cache = cold_preprocess_s / 3600.0 * od_rate if cache_hit else 0.0
@@ -122,8 +125,9 @@ def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, 
     levers = {"spot": on_demand - actual, "precision": od_fp32 - on_demand, "cache": cache}
     basis = {
         "spot": "measured: the run's instance-hours at the price table's on-demand price of the same instances",
-        "precision": (f"assumed: fp32 {FP32_SLOWDOWN_ON_GPU:g}x slower than {summary.precision} on a GPU (not measured)"
-                      if mixed_on_gpu else "none: the run trained in fp32 or on a CPU"),
+        "precision": ("none: the run trained in fp32 or on a CPU" if not mixed_on_gpu else precision.basis if precision
+                      else f"assumed: fp32 {FP32_SLOWDOWN_ON_GPU:g}x slower than {summary.precision} on a GPU (not "
+                      "measured: no run of this model in fp32 on this accelerator in the store)"),
         "cache": (f"measured: the cold preprocessing ({cold_preprocess_s:.1f} s) at the node's on-demand price"
                   if cache_hit else "none: the preprocessing ran (a cache miss) or the run has none"),
     }
@@ -195,7 +199,8 @@ def read_all(store: Store) -> list[SavingsReport]:
     so the table's total is every dollar the store's runs spent.
     """
     from thrifty.money.ledger import read_attempts
-    from thrifty.runs import read_summary
+    from thrifty.money.levers import precision_factor
+    from thrifty.runs import read_metrics, read_summary
 
     rows = []
     for run_id in billed_runs(store):
@@ -213,7 +218,8 @@ def read_all(store: Store) -> list[SavingsReport]:
         state = run_state(attempts, summary)
         if saved is not None and state not in ("running",) and summary is None:
             state = saved.state
-        rows.append(breakdown(run_id, attempts, summary, False, 0.0, [], state))
+        rows.append(breakdown(run_id, attempts, summary, False, 0.0, [], state,
+                              precision_factor(store, summary, read_metrics(store, run_id), attempts)))
     return rows
 
 

@@ -78,6 +78,13 @@ def speed_key(cfg: RunConfig) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def model_key(cfg: RunConfig) -> str:
+    """:func:`speed_key` without the precision: runs of one model in fp32 and in bf16 share it, so the store can tell
+    what mixed precision bought on an accelerator (the savings' precision lever)."""
+    what = {"recipe": cfg.recipe, "recipe_params": cfg.recipe_params, "micro_batch": cfg.train.micro_batch}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
 class Measured(BaseModel):
     """One accelerator's measured speed for one model, out of the store's runs."""
 
@@ -149,8 +156,10 @@ def speeds_for(names: list[str], measured: dict[str, Measured], cpu_examples_per
 # ---------------------------------------------------------------- reading the store's measurements
 
 
-def measured_speeds(store: Store, key: str, now: float | None = None) -> dict[str, Measured]:
-    """Per accelerator NAME, the measured speed of the model ``key`` (:func:`speed_key`) over every run in the store.
+def measured_speeds(store: Store, key: str, now: float | None = None, *, field: str = "speed_key",
+                    precision: str | None = None) -> dict[str, Measured]:
+    """Per accelerator NAME, the measured speed of the model ``key`` (:func:`speed_key`, or :func:`model_key` with
+    ``field="model_key"``, then only runs that trained in ``precision``) over every run in the store.
 
     A metrics file counts when its ``start`` record names this model on a GPU and a ledger attempt of the same run on
     a cloud instance of known accelerator was billing when it started (the local launcher trains on this CPU while it
@@ -172,7 +181,9 @@ def measured_speeds(store: Store, key: str, now: float | None = None) -> dict[st
         for k in sorted(keys):
             records = read_jsonl(store, k)
             start = next((r for r in records if r.get("event") == "start"), None)
-            if start is None or start.get("speed_key") != key or str(start.get("device", "cpu")).startswith("cpu"):
+            if start is None or start.get(field) != key or str(start.get("device", "cpu")).startswith("cpu"):
+                continue
+            if precision is not None and start.get("precision") != precision:
                 continue
             t = float(start.get("time_unix", 0.0))
             attempt = next((a for a in reversed(attempts)
