@@ -149,21 +149,43 @@ _MEMBER_WORDS = {"int": "a whole number", "float": "a number", "str": "a string"
 
 
 def _merge_union_members(errors: list[Any]) -> list[Any]:
-    """A value that fits no member of a union (``int | 'auto'``) fails once per member, each under a tag (``int``,
-    ``literal['auto']``): one error for the field instead, naming what it may be."""
-    merged: dict[tuple, dict[str, Any]] = {}
+    """Errors of a value that fits no member of a union, read as a person would. pydantic reports the value once per
+    member, under a tag (``int``, ``literal['auto']``, ``function-after[...]``). When the value had a member's shape
+    but failed inside it (a dict for a model, with a bad field), those inner errors are what to fix: shown without
+    the tags. Otherwise one error for the field, naming what it may be ("must be a whole number or 'auto'")."""
+    groups: dict[tuple, list[Any]] = {}
+    out: list[Any] = []
     for e in errors:
-        field = tuple(p for p in e["loc"] if not (isinstance(p, str) and _UNION_MEMBER.match(p)))
-        tags = [p for p in e["loc"] if isinstance(p, str) and _UNION_MEMBER.match(p)]
-        if not tags:
-            merged[(id(e),)] = e
+        loc = e["loc"]
+        first_tag = next((i for i, p in enumerate(loc) if isinstance(p, str) and _UNION_MEMBER.match(p)), None)
+        if first_tag is None:
+            out.append(e)
             continue
-        word = _MEMBER_WORDS.get(tags[-1]) or (e.get("ctx") or {}).get("expected") or tags[-1]
-        if field in merged:
-            merged[field]["msg"] += f" or {word}"
-        else:
-            merged[field] = {**e, "loc": field, "type": "union", "msg": f"must be {word}"}
-    return list(merged.values())
+        field = tuple(loc[:first_tag])
+        if field not in groups:
+            groups[field] = []
+            out.append(field)  # the group's place among the errors
+        groups[field].append(e)
+    merged: list[Any] = []
+    for item in out:
+        if not isinstance(item, tuple):
+            merged.append(item)
+            continue
+        group = groups[item]
+        untagged = lambda e: tuple(p for p in e["loc"] if not (isinstance(p, str) and _UNION_MEMBER.match(p)))  # noqa: E731
+        inner = [e for e in group if len(untagged(e)) > len(item)]
+        if inner:
+            merged += [{**e, "loc": untagged(e)} for e in inner]
+            continue
+        words = []
+        for e in group:
+            tag = e["loc"][len(item)]
+            word = (_MEMBER_WORDS.get(tag) or (e.get("ctx") or {}).get("expected")
+                    or ("a mapping of settings" if e["type"] in ("model_type", "dict_type") else e["msg"]))
+            if word not in words:
+                words.append(word)
+        merged.append({**group[0], "loc": item, "type": "union", "msg": "must be " + " or ".join(words)})
+    return merged
 
 
 def format_validation_error(err: ValidationError, source: str, what: str = "run config") -> str:
