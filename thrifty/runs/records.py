@@ -55,6 +55,9 @@ class RunSummary(BaseModel):
     weights_sha256: str
     init_from: WarmStart | None = None  # where its weights started (train.init_from), and the savings reference
     half_export: HalfExport | None = None  # its gold weights in half precision (train.export_half)
+    # the in-loop levers used (training.speedups): compile on/off and its seconds, TF32 and why, a fused optimizer,
+    # and where train.precision and train.compile came from (config, a fleet variable, the default)
+    speedups: dict[str, Any] | None = None
 
 
 def run_key(run_id: str, *parts: str) -> str:
