@@ -62,7 +62,8 @@ def estimate_for(config: RunConfig, prep: PrepResult, smoke: SmokeResult) -> Est
     estimate = estimate_run(total - done, per_example_s, examples_per_step, quote.usd_per_hour, c.num_nodes,
                             accelerator, c.launcher, quote.source, total_steps=total, speeds=speeds, choice=why,
                             history=history.get(where), cpu_overhead_s_per_step=overhead_s,
-                            overhead_note=overhead_note)
+                            overhead_note=overhead_note,
+                            compiled=config.train.compile == "on" and not is_script(config))
     if c.launcher == "local" and c.deadline_h is not None and estimate.hours > c.deadline_h:  # this CPU or nothing
         raise ConfigError(f"'compute.deadline_h': the run needs ~{estimate.hours:.2f} h on this machine "
                           f"({estimate.assumption}), over compute.deadline_h {c.deadline_h:g} h. Raise compute.deadline_h, "

@@ -31,6 +31,7 @@ from training.checkpoint import CheckpointManager
 from training.ckpt_writer import CheckpointWriter, Written
 from training.data import epoch_permutation, open_cache
 from training.resume import one_trainer, restore
+from training.speedups import Levers
 from training.progress import CheckpointSchedule, MetricsWriter
 from training.profiling import CostMap
 from training.telemetry import Telemetry, summary_record
@@ -69,6 +70,7 @@ class LoopState:
     train_time_s: float = 0.0  # wall time covered by the last checkpoint (work lost to a kill is not counted)
     data_wait_s: float = 0.0
     checkpoint_time_s: float = 0.0
+    compile_time_s: float = 0.0  # torch.compile's time over every attempt (train.compile: each attempt compiles)
     last_eval: dict[str, float] = field(default_factory=dict)
     last_eval_step: int = -1  # the step ``last_eval`` measured: a checkpoint carries its metric only if equal
 
@@ -96,6 +98,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     recipe, params = check_config(cfg)
     device = pick_device(tc.device, dist)
     amp = pick_precision(tc.precision, device)
+    levers = Levers(cfg, device, precision_name(amp))  # TF32 decided and set now; compile wraps the model below
     dist.init(device)
     if dist.is_main:
         swept = store.sweep(run_key(run_id))  # what killed writers of this run left: temp files, empty directories
@@ -170,6 +173,9 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     if dist.enabled:
         ddp_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
+    # the steps run the compiled module (train.compile); ``model`` stays the uncompiled one: checkpoints, EMA and
+    # evaluation use it (an eval graph would be a second compilation for a small part of the run's time)
+    step_model = levers.wrap(ddp_model)
 
     metrics = MetricsWriter(store, run_id) if dist.is_main else None
     emit = metrics.write if metrics else (lambda record: None)
@@ -181,6 +187,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     emit({"event": "start", "step": state.step, "total_steps": total_steps, "resumes": state.resumes,
           **({"stop_step": stop_steps} if stop_steps < total_steps else {}),  # this job ends there (a search's rung)
           "precision": precision_name(amp), "device": str(device), "world_size": dist.world,
+          "compile": levers.compile, "tf32": levers.tf32,
           "cache_key": cache.key, "cache_hit": cache.hit, "recomputed_blocks": recomputed,
           "micro_batch": micro_batch, "grad_accum_steps": accum,
           # what lets `thrifty plan` and the budget gate reuse this attempt's speed (thrifty.money.throughput)
@@ -274,7 +281,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
 
         if cost_map:
             cost_map.begin(state.epoch)
-        loss = optimizer_step(ddp_model, recipe, fetch, accum, optimizer, scaler, device, amp,
+        loss = optimizer_step(step_model, recipe, fetch, accum, optimizer, scaler, device, amp,
                               tc.grad_clip, ddp=dist.enabled)
         diverged = diverged + 1 if not math.isfinite(loss) else 0
         if diverged and (not scaler.is_enabled() or diverged >= MAX_NONFINITE_STEPS):  # fp16 skips a few by design
@@ -293,6 +300,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             cost_map.end()
         state.data_wait_s += wait
         recent_step_s.append(step_time)
+        state.compile_time_s += levers.stepped(state.step, step_time, emit)
         fault_point("step")
 
         window["loss"] += loss
@@ -343,6 +351,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             interrupted = "budget" if at_cap else "signal"
             break
 
+    state.compile_time_s += levers.finish(state.step, emit)  # a short job: measured from the steps it had
     report(writer.close())  # a stop right after a due save: that write lands before the run says "interrupted"
     telemetry.close()
     if cost_map:
@@ -393,6 +402,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             checkpoints_written=state.checkpoints_written,
             resumes=state.resumes,
             precision=precision_name(amp),
+            speedups=levers.summary(optimizer, state.compile_time_s),
             device=device.type,
             world_size=dist.world,
             cache_key=cache.key,

@@ -25,6 +25,7 @@ from thrifty.runs import lease
 from thrifty.storage import Store
 from training.early_stopping import EarlyStopping
 from training.runtime import Dist
+from training.speedups import uncompiled_keys
 
 log = logging.getLogger("thrifty.train")
 
@@ -54,7 +55,7 @@ def restore(cfg: RunConfig, step: int, saved: dict[str, Any], model: torch.nn.Mo
     """Load checkpoint ``saved`` (of ``step``) into the loop's objects, or IncompatibleCheckpoint naming the fix."""
     check_compatible(cfg, json.loads(saved["config"]), cfg.run_name)
     try:
-        model.load_state_dict(saved["model"])
+        model.load_state_dict(uncompiled_keys(saved["model"]))  # (older files of a compiled model: '_orig_mod.')
     except RuntimeError as exc:
         raise IncompatibleCheckpoint(
             f"run {cfg.run_name!r} has a checkpoint (step {step}) whose model does not fit this config's model: "

@@ -5,15 +5,17 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import re
-from typing import Any
+from typing import Any, Mapping
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from thrifty.config.base import ConfigError, StoreUri, _Frozen
 from thrifty.config.report import ReportConfig, redacted
 from thrifty.config.reuse import DataConfig
 from thrifty.config.echo import check_plain, cut, shown
+from thrifty.config.fleet import CONFIG, DEFAULT, FLEET_VARS, resolve_fleet, sources_from_env
 from thrifty.config.sections import BudgetConfig, ComputeConfig, TrainConfig
 
 
@@ -38,7 +40,8 @@ PAUSE_AND_IO_FIELDS = ("stop_at_epoch", "async_checkpoint", "export_half", "expo
                        "starved_alert_share", "starved_alert_minutes", "profile_steps")
 # train fields added after runs were fingerprinted: left out at these defaults, so the fingerprint of a run finished
 # before them, and a resume of its checkpoints, still match
-LATER_DEFAULTS: dict[str, Any] = {"init_from": None, "init_prefixes": [], "batch_size": None, "micro_batch_headroom": 0.1}
+LATER_DEFAULTS: dict[str, Any] = {"init_from": None, "init_prefixes": [], "batch_size": None, "micro_batch_headroom": 0.1,
+                                 "compile": "off", "tf32": True}
 _ABSENT = object()
 
 
@@ -103,15 +106,48 @@ class RunConfig(_Frozen):
                              "YYYYMMDD; the limit is 63, shorten it")
         return v
 
-    def resolved(self, when: dt.date) -> "RunConfig":
-        """This config with '{date}' in run_name replaced by ``when`` (YYYYMMDD), validated again like any input."""
-        if "{date}" not in self.run_name:
-            return self
-        return self.updated({"run_name": _dated(self.run_name, when)}, "run_name with its '{date}' resolved")
+    # where train.precision and train.compile came from (thrifty.config.fleet), once resolved; not a setting: it
+    # is never dumped, and two configs of the same settings are equal whatever it says
+    _sources: dict[str, str] | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunConfig):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    def resolved(self, when: dt.date, environ: Mapping[str, str] | None = None) -> "RunConfig":
+        """This config as a run started now trains it: '{date}' in run_name replaced by ``when`` (YYYYMMDD) and
+        the fleet defaults (``$THRIFTY_PRECISION``, ``$THRIFTY_COMPILE``) filled where the train section does not
+        write them, validated again like any input. Idempotent: a resolved config keeps its values and sources."""
+        out = self
+        if self._sources is None:
+            fill, sources = resolve_fleet(self.train.model_fields_set, os.environ if environ is None else environ)
+            if fill:
+                out = self.updated({"train": {**self.train.model_dump(mode="json"), **fill}},
+                                   "the fleet defaults in the environment (" +
+                                   ", ".join(f"${FLEET_VARS[k]}" for k in fill) + ")")
+            if out is self:
+                out = self.model_copy()  # (the caller's config stays as it was given)
+            out._sources = sources
+        if "{date}" in out.run_name:
+            out = out.updated({"run_name": _dated(out.run_name, when)}, "run_name with its '{date}' resolved")
+        return out
 
     def updated(self, changes: dict[str, Any], source: str = "an update") -> "RunConfig":
-        """A copy with top-level ``changes``, validated (never ``model_copy``, which skips validation)."""
-        return build_config({**self.model_dump(mode="json"), **changes}, source)
+        """A copy with top-level ``changes``, validated (never ``model_copy``, which skips validation); where its
+        fleet settings came from stays said."""
+        out = build_config({**self.model_dump(mode="json"), **changes}, source)
+        out._sources = self._sources
+        return out
+
+    def setting_sources(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Where train.precision and train.compile came from: this config's resolution, else (a node, handed the
+        resolved config as JSON) what its flow said in ``$THRIFTY_SETTING_SOURCES``, else the fields it writes."""
+        if self._sources is not None:
+            return dict(self._sources)
+        said = sources_from_env(os.environ if environ is None else environ)
+        written = self.train.model_fields_set
+        return {field: (said or {}).get(field) or (CONFIG if field in written else DEFAULT) for field in FLEET_VARS}
 
     def require_resolved(self) -> "RunConfig":
         """Raise unless '{date}' was resolved: a node must train under the name its launcher resolved and priced."""

@@ -64,9 +64,18 @@ class TrainConfig(_Frozen):
         "examples from the start of the epoch's order as torch's DistributedSampler does (false).")
     grad_clip: float | None = Field(1.0, gt=0.0, description="Clip the global gradient norm to this (L2 norm); null = off.")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        "auto", description="Autocast dtype. auto = bf16 on GPUs that have it, fp16 + GradScaler on older GPUs, fp32 on CPU."
+        "auto", description="Autocast dtype. auto = bf16 on GPUs that have it, fp16 + GradScaler on older GPUs, fp32 on "
+        "CPU. Not written here: $THRIFTY_PRECISION on the worker, else auto."
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
+    compile: Literal["off", "on"] = Field(
+        "off", description="torch.compile the model for training: on = faster steps after a one-off compilation "
+        "(tens of seconds to minutes, measured and logged as compile_s, counted in the budget estimate); "
+        "checkpoints load either way. off = eager. Not written here: $THRIFTY_COMPILE on the worker, else off.")
+    tf32: bool = Field(
+        True, description="With fp32 precision on a GPU of compute capability 8.0 or newer (A100, A10G, L4, H100), "
+        "let matmuls and convolutions use TF32 tensor cores (about 10 mantissa bits in the products; several times "
+        "faster). Ignored on CPU, older GPUs and under bf16/fp16 autocast. false = full fp32 products.")
     checkpoint_every: Union[int, AutoChoice] = Field(
         "auto",
         description="Optimizer steps between checkpoints, or auto = Young/Daly optimum from the measured save "

@@ -7,6 +7,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 from thrifty.config import ENV_VAR, RunConfig
+from thrifty.config.fleet import sources_env
 from thrifty.money.meter import Price, prices_env
 from thrifty.protocol import ENV_PRICES
 from thrifty.money.ledger import Attempt
@@ -63,10 +64,12 @@ class Launcher(Protocol):
 def node_env(cfg: RunConfig, prices: list[Price]) -> dict[str, str]:
     """The environment every training node gets: the RunConfig (its run_name, resolved, is the resume key) and the
     prices of the candidates it may land on, so it can enforce the budget cap itself. ``THRIFTY_RUN_ID`` repeats
-    the name for shell scripts and logs; the program reads the config's."""
+    the name for shell scripts and logs; the program reads the config's. The config has every setting written, the
+    fleet defaults (``$THRIFTY_PRECISION``, ``$THRIFTY_COMPILE``) resolved here included, so the node's own
+    environment cannot change them; where they came from goes along for its summary."""
     cfg.require_resolved()
     return {ENV_VAR: cfg.to_env_json(), ENV_PRICES: prices_env(prices), "THRIFTY_RUN_ID": cfg.run_name,
-            "PYTHONUNBUFFERED": "1"}
+            "PYTHONUNBUFFERED": "1", **sources_env(cfg.setting_sources())}
 
 
 def skypilot_node_vars(ips: list[str], rank: int) -> dict[str, str]:

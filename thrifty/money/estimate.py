@@ -23,6 +23,9 @@ from thrifty.money.throughput import Speeds, speeds_for
 
 FP32_SLOWDOWN_ON_GPU = 2.0  # assumed: fp32 takes this much longer than bf16/fp16 autocast on a GPU
 PROVISIONING_S = {"local": 5.0, "skypilot": 300.0}  # assumed start-up billed before training, until measured
+# assumed: torch.compile's one-off compilation of a model's training step (train.compile on), billed like start-up,
+# until compiled runs of the model are in the store's history (bench/bench_levers_compile.py measures it)
+COMPILE_ASSUMED_S = 60.0
 AUTO_FIRST_CHECKPOINT_STEPS = 10  # checkpoint_every: auto saves first after this many steps (to time a save)
 # how far the actual spend may fall from the estimate, by how the estimate was made: the store's history of this
 # model on this hardware (bench/bench_estimate.py: within 30 %), a CPU measurement scaled (within 3x), or nothing
@@ -72,12 +75,14 @@ def estimate_run(steps: int, cpu_seconds_per_example: float, examples_per_step: 
                  nodes: int, accelerator: str | None, launcher: str, price_source: str = "",
                  total_steps: int | None = None, speeds: Speeds | None = None, choice: str = "",
                  history: JobHistory | None = None, cpu_overhead_s_per_step: float = 0.0,
-                 overhead_note: str = "") -> Estimate:
+                 overhead_note: str = "", compiled: bool = False) -> Estimate:
     """Cost of ``steps`` on ``accelerator`` (None: this machine's CPU, the local launcher), at ``usd_per_hour`` a
     node. With ``history`` (the store's earlier jobs of this model on this hardware) each step costs what they paid
     per step all in and the start-up is theirs: "measured". Else the training step is the smoke test's CPU speed
     (scaled by ``speeds`` or the throughput table on a GPU), plus ``cpu_overhead_s_per_step`` of evaluation and
-    checkpoints scaled the same way, plus the assumed start-up: "scaled"."""
+    checkpoints scaled the same way, plus the assumed start-up: "scaled". ``compiled`` (train.compile on) adds
+    torch.compile's compilation to the start-up: measured in the history (compiled runs share their speed_key, their
+    all-in rate holds it), else COMPILE_ASSUMED_S."""
     gpus = 1
     if accelerator is not None:
         name, gpus = accelerator.partition(":")[0], accelerator_count(accelerator)
@@ -86,7 +91,7 @@ def estimate_run(steps: int, cpu_seconds_per_example: float, examples_per_step: 
     if history is not None:
         step_s, startup_s, basis = history.all_in_step_s, history.startup_s, "measured"
         overhead_s = steps * history.all_in_step_s * (1 - 1 / history.overhead)
-        how = history.describe()
+        how = history.describe() + (" (compiled runs: their compilation is in it)" if compiled else "")
     else:
         if accelerator is None:
             step_s = examples_per_step * cpu_seconds_per_example
@@ -100,6 +105,9 @@ def estimate_run(steps: int, cpu_seconds_per_example: float, examples_per_step: 
         step_s += overhead_per_step
         startup_s, basis = PROVISIONING_S[launcher], ("scaled" if step_s > 0 else "unknown")
         how += (f"; {overhead_note}" if overhead_note else "") + f"; {startup_s:g} s of start-up assumed"
+        if compiled:
+            startup_s += COMPILE_ASSUMED_S
+            how += f", + {COMPILE_ASSUMED_S:g} s of torch.compile (train.compile on)"
     hours = (steps * step_s + startup_s) / 3600.0
     usd = hours * usd_per_hour * nodes
     low, high = RANGE[basis]

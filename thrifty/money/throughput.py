@@ -75,6 +75,8 @@ def speed_key(cfg: RunConfig) -> str:
     Runs sharing it measure each other's hardware."""
     what = {"recipe": cfg.recipe, "recipe_params": cfg.recipe_params, "micro_batch": cfg.train.micro_batch,
             "precision": cfg.train.precision}
+    if cfg.train.compile != "off":  # a compiled model's speed (and compilation) is its own; eager keys stay as they were
+        what["compile"] = cfg.train.compile
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 

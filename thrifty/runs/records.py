@@ -58,6 +58,9 @@ class RunSummary(BaseModel):
     # the last attempt's utilisation (training.telemetry): GPU busy %, memory, power, CPU %, the data-wait and
     # checkpoint shares of step time, achieved TFLOPS and MFU; a field the machine could not measure is absent
     utilisation: dict[str, float | str] | None = None
+    # the in-loop levers used (training.speedups): compile on/off and its seconds, TF32 and why, a fused optimizer,
+    # and where train.precision and train.compile came from (config, a fleet variable, the default)
+    speedups: dict[str, Any] | None = None
 
 
 def run_key(run_id: str, *parts: str) -> str:

@@ -57,6 +57,7 @@ from thrifty.config.echo import shown
 from thrifty.usercode.allow import check_recipe_allowed
 from thrifty.usercode.recipe_spec import HOW, check_recipe_spec
 from training.lazy_dynamo import defer_dynamo_import
+from training.speedups import fused_optimizer_ok
 
 if TYPE_CHECKING:
     from thrifty.config.sections import TrainConfig
@@ -238,8 +239,10 @@ class Recipe:
     def make_optimizer(self, model: torch.nn.Module, tc: "TrainConfig") -> torch.optim.Optimizer:
         defer_dynamo_import()  # an optimizer imports torch._dynamo (1-2 s) only once something compiles
         if self.optimizer is None:
-            return torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.adam_betas), eps=tc.adam_eps,
-                                     weight_decay=tc.weight_decay)
+            params = list(model.parameters())
+            # fused on a GPU: one kernel for every parameter's update, not a few per tensor (None: torch's choice)
+            return torch.optim.AdamW(params, lr=tc.lr, betas=tuple(tc.adam_betas), eps=tc.adam_eps,
+                                     weight_decay=tc.weight_decay, fused=True if fused_optimizer_ok(params) else None)
         opt = self.optimizer(model, tc)
         if not isinstance(opt, torch.optim.Optimizer):
             raise RecipeError(f"recipe {self.name!r}: optimizer() returned {type(opt).__name__}, not a "
