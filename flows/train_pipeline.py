@@ -16,7 +16,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.exceptions import TerminationSignal
-from prefect.states import Cancelled, Failed, State
+from prefect.states import Cancelled, Completed, Failed, State
 
 from flows.hooks import announce_projection, post_final_cost
 from flows.run_names import say_where_it_starts, scheduled_date, tag_run, train_run_name
@@ -159,8 +159,12 @@ def pipeline(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None 
         logger.info("run %s already finished training with this config (%s at step %s); nothing is launched. "
                     "Change a train setting to continue it, or pick a new run_name to train again.",
                     config.run_name, done.status, done.steps)
-        return PipelineResult(run_name=config.run_name, cache_hit=prep.hit, already_finished=True, summary=done,
-                              cost_usd=spend_usd(read_attempts(store, config.run_name)))
+        spent = spend_usd(read_attempts(store, config.run_name))
+        return Completed(message=f"run {config.run_name} had already finished training with this config "
+                         f"({done.status} at step {done.steps}, ${spent:.4g} spent): nothing was launched. Change a train "
+                         "setting to continue it, or pick a new run_name to train again.",
+                         data=PipelineResult(run_name=config.run_name, cache_hit=prep.hit, already_finished=True,
+                                             summary=done, cost_usd=spent))  # type: ignore[return-value]
 
     if smoke_result is None:
         smoke_result = step(smoke, config)  # a failure ends the run before any launch
@@ -178,6 +182,8 @@ def pipeline(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None 
         return Cancelled(message=figures.end)
     if job.end != "succeeded":
         return Failed(message=figures.end)
-    return PipelineResult(run_name=config.run_name, cache_hit=prep.hit, smoke=smoke_result, estimate=estimate,
-                          job=job, summary=job.summary, cost_usd=figures.actual_usd,
-                          on_demand_usd=figures.on_demand_usd, savings=figures)
+    # the run page's one line (the flow run's state message): spent, saved, the best metric at its step, why it
+    # ended, what next; the flow's caller still gets the PipelineResult
+    return Completed(message=figures.end, data=PipelineResult(  # type: ignore[return-value]
+        run_name=config.run_name, cache_hit=prep.hit, smoke=smoke_result, estimate=estimate, job=job,
+        summary=job.summary, cost_usd=figures.actual_usd, on_demand_usd=figures.on_demand_usd, savings=figures))

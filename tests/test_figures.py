@@ -127,6 +127,8 @@ def test_one_runs_figures_agree_with_its_ledger_everywhere_they_are_shown(prefec
     figs = savings.read(open_store(str(store)), "agree")
     assert figs.actual_usd == pytest.approx(ledger, abs=1e-6)
     assert agrees(re.search(r"spent \$([0-9.]+) of its", figs.end).group(1), ledger)
+    # the run page's one line: the flow run's state message is the end's sentence (spent, saved, best at its step)
+    assert state.message == figs.end and "saved $" in figs.end and re.search(r"at step \d+", figs.end)
 
     async def artifacts():
         async with get_client() as client:
@@ -139,6 +141,7 @@ def test_one_runs_figures_agree_with_its_ledger_everywhere_they_are_shown(prefec
 
     by_key, progress = asyncio.run(artifacts())
     summary = by_key["thrifty-summary-agree"].data
+    assert figs.end in summary[:len(figs.end) + 200], "the summary artifact opens with the headline"
     assert agrees(re.search(r"\| cost \| \$([0-9.]+) ", summary).group(1), ledger)
     assert agrees(re.search(r"Actual \*\*\$([0-9.]+)\*\*", summary).group(1), ledger)
     assert agrees(re.search(r"; spend \$([0-9.]+) of the \$1 budget", summary).group(1), ledger), "chart text"
