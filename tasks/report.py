@@ -165,10 +165,18 @@ def attempt_rows(attempts: list[Attempt]) -> list[dict[str, Any]]:
 
 
 def savings_rows(all_figures: list[SavingsReport]) -> list[dict[str, Any]]:
-    """The cross-run table, narrow enough for the UI: the levers are in each run's summary."""
-    return [{"run": f.run_id, "state": f.state, "spent $": round(f.actual_usd, 5), "naive $": round(f.naive_usd, 5),
-             "saved": f"{f.saved_fraction:.0%}", "attempts": f.attempts,
-             "assumed": figures_text.assumed_note(f) or "-"} for f in all_figures]
+    """The cross-run table, narrow enough for the UI (the levers are in each run's summary), one row per run whatever
+    its end, states named as the README names them, and a total row: the sums of the rows above it."""
+    rows = [{"run": f.run_id, "state": ends.state_name(f.state), "spent $": round(f.actual_usd, 5),
+             "naive $": round(f.naive_usd, 5), "saved $": round(f.saved_usd, 5), "saved": f"{f.saved_fraction:.0%}",
+             "attempts": f.attempts, "assumed": figures_text.assumed_note(f) or "-"} for f in all_figures]
+    if rows:
+        total = savings.totals(all_figures)
+        rows.append({"run": f"total ({total.runs} runs)", "state": "", "spent $": round(total.actual_usd, 5),
+                     "naive $": round(total.naive_usd, 5), "saved $": round(total.saved_usd, 5),
+                     "saved": f"{total.saved_fraction:.0%}", "attempts": sum(f.attempts for f in all_figures),
+                     "assumed": ""})
+    return rows
 
 
 _PUBLISHED: set[str] = set()  # flow runs of this process whose end is reported (the end hooks report the rest)

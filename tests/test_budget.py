@@ -344,7 +344,7 @@ def test_hard_cap_stops_with_checkpoint_then_resumes_with_larger_budget(webhook,
 
     assert main(["report", "--set", f"store={store}"]) == 0
     printed = capsys.readouterr().out
-    assert "capped" in printed and "1 run(s): spent $" in printed
+    assert "capped" in printed and "total of 1 run(s): spent $" in printed
 
 
 def test_pre_launch_gate_refuses_a_budget_that_cannot_buy_one_checkpoint(prefect_harness, tmp_path):

@@ -151,12 +151,17 @@ def test_one_runs_figures_agree_with_its_ledger_everywhere_they_are_shown(prefec
     rows = json.loads(rows) if isinstance(rows, str) else rows
     [row] = [r for r in rows if r["run"] == "agree"]
     assert agrees(f"{row['spent $']:.5f}", ledger)
+    assert row["state"] == "completed" and row["saved $"] == pytest.approx(row["naive $"] - row["spent $"], abs=2e-5)
+    [total] = [r for r in rows if r["run"].startswith("total")]  # the team's totals: the sums of the rows above
+    assert total["spent $"] == pytest.approx(sum(r["spent $"] for r in rows if r is not total), abs=1e-5)
+    assert total["saved $"] == pytest.approx(total["naive $"] - total["spent $"], abs=2e-5)
     assert len(progress) == 2 and all(agrees(re.search(r"\$([0-9.]+) of \$1 budget", a.description).group(1), ledger)
                                       for a in progress), [a.description for a in progress]
     assert main(["report", "--set", f"store={store}"]) == 0
     printed = capsys.readouterr().out
     line = next(x for x in printed.splitlines() if "agree" in x and re.search(r"\d+\.\d{5}", x))
     assert agrees(re.findall(r"\d+\.\d{5}", line)[0], ledger), printed
+    assert f"total of 1 run(s): spent ${total['spent $']:.5f}" in printed  # the CLI prints the artifact's totals
 
 
 def test_the_precision_lever_is_priced_from_the_stores_fp32_and_bf16_runs_of_the_model_on_that_gpu(tmp_path):

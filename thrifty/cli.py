@@ -87,6 +87,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from thrifty.money.unwatched import settle_all
     from thrifty.report import figures as figures_text
+    from thrifty.report.ends import state_name
 
     cfg = resolved_config(args)
     store = open_store(cfg.store)
@@ -101,12 +102,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     for col in rows[0]:
         table.add_column(col, justify="left" if col in ("run", "state", "saved") else "right", no_wrap=col == "run")
     for row in rows:
+        row = {**row, "state": state_name(row["state"])}  # the README's words, as the savings artifact says them
         table.add_row(*[f"{v:.5f}" if isinstance(v, float) else str(v) for v in row.values()])
-    total_actual = sum(r["actual_usd"] for r in rows)
-    total_naive = sum(r["naive_usd"] for r in rows)
+    total = savings.totals(all_figures)  # the same sums as the artifact's total row
     Console(width=None if sys.stdout.isatty() else 200).print(table)  # piped or captured: no clipped figures
-    print(f"{len(rows)} run(s): spent ${total_actual:.4f}, {figures_text.NAIVE} ${total_naive:.4f}, "
-          f"saved ${total_naive - total_actual:.4f}")
+    print(f"total of {total.runs} run(s): spent ${total.actual_usd:.5f}, {figures_text.NAIVE} ${total.naive_usd:.5f}, "
+          f"saved ${total.saved_usd:.5f} ({total.saved_fraction:.0%})")
     notes: dict[str, list[str]] = {}
     for f in all_figures:
         for lever, why in figures_text.assumed(f).items():

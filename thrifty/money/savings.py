@@ -9,6 +9,8 @@ since nobody meant to pay for all of them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -221,6 +223,28 @@ def read_all(store: Store) -> list[SavingsReport]:
         rows.append(breakdown(run_id, attempts, summary, False, 0.0, [], state,
                               precision_factor(store, summary, read_metrics(store, run_id), attempts)))
     return rows
+
+
+@dataclass(frozen=True)
+class Totals:
+    """The cross-run table's total row: the sums of its runs' figures."""
+
+    runs: int
+    actual_usd: float
+    naive_usd: float
+
+    @property
+    def saved_usd(self) -> float:
+        return self.naive_usd - self.actual_usd
+
+    @property
+    def saved_fraction(self) -> float:
+        return self.saved_usd / self.naive_usd if self.naive_usd else 0.0
+
+
+def totals(all_figures: list[SavingsReport]) -> Totals:
+    return Totals(len(all_figures), round(sum(f.actual_usd for f in all_figures), 6),
+                  round(sum(f.naive_usd for f in all_figures), 6))
 
 
 def table(all_figures: list[SavingsReport]) -> list[dict[str, Any]]:

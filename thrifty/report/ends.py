@@ -26,6 +26,15 @@ WHAT: dict[str, str] = {
 STATE: dict[str, str] = {"completed": "Completed", "stopped_early": "Completed", "rung": "Completed",
                          "budget": "StoppedAtCap", "bad_input": "BadInput", "failed": "Failed",
                          "cancelled": "Cancelled", "crashed": "Crashed"}
+# how tables name a run's state (the savings table, `thrifty report`): the README's words, never a raw record value
+STATE_NAMES: dict[str, str] = {**WHAT, "budget": "stopped at its cap", "cancelled": "cancelled",
+                               "succeeded": "completed", "running": "still running", "interrupted": "interrupted"}
+
+
+def state_name(state: str) -> str:
+    return STATE_NAMES.get(state, state.replace("_", " "))
+
+
 KIND_OF_STATE: dict[str, str] = {"Completed": "completed", "StoppedAtCap": "budget", "BadInput": "bad_input",
                                  "Failed": "failed", "Cancelled": "cancelled", "Crashed": "crashed",
                                  "Cancelling": "cancelled"}
