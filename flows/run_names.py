@@ -61,9 +61,10 @@ def _ui_link(flow_run: Any) -> str:
         return str(flow_run.id)
 
 
-def tag_run(run_name: str, logger: logging.Logger | logging.LoggerAdapter) -> list[Any]:
-    """Tag this flow run ``thrifty-run:<run_name>``; returns the run's earlier flow runs, newest first. Best effort:
-    the UI's bookkeeping never stops a run."""
+def tag_run(run_name: str, logger: logging.Logger | logging.LoggerAdapter, cost_tags: dict[str, str] | None = None
+            ) -> list[Any]:
+    """Tag this flow run ``thrifty-run:<run_name>`` and ``key:value`` for each cost allocation tag (RunConfig.tags);
+    returns the run's earlier flow runs, newest first. Best effort: the UI's bookkeeping never stops a run."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterTags
     from prefect.client.schemas.sorting import FlowRunSort
@@ -76,8 +77,10 @@ def tag_run(run_name: str, logger: logging.Logger | logging.LoggerAdapter) -> li
     try:
         with get_client(sync_client=True) as client:
             this = client.read_flow_run(me)
-            if tag not in this.tags:
-                client.update_flow_run(me, tags=[*this.tags, tag])
+            wanted = [tag, *(f"{k}:{v}" for k, v in (cost_tags or {}).items())]
+            missing = [t for t in wanted if t not in this.tags]
+            if missing:
+                client.update_flow_run(me, tags=[*this.tags, *missing])
             return client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[tag]), id=FlowRunFilterId(not_any_=[me])),
                 sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=20)

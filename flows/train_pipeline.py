@@ -130,7 +130,7 @@ def report_end(config: RunConfig, kind: str, detail: str, began_unix: float) -> 
 def pipeline(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None = None) -> PipelineResult | State:
     logger = get_run_logger()
     template, config = config.run_name, config.resolved(scheduled_date())  # 'nightly-{date}' -> a new run each night
-    earlier = tag_run(config.run_name, logger)  # the UI's one-click filter for this run's flow runs
+    earlier = tag_run(config.run_name, logger, config.tags)  # the UI's one-click filter; cost tags for a team's view
     check_before_spending(config)  # launcher, prices, credentials, the store: nothing written yet
     check_config(config)  # what the training program would reject, by the same code, before anything is rented
     store = open_store(config.store)

@@ -128,7 +128,10 @@ class CapTimer:
             self._timer = None
 
 
-def record(store: Store, run_id: str, status: JobStatus) -> None:
+def record(store: Store, run_id: str, status: JobStatus, tags: dict[str, str] | None = None) -> None:
+    """The job's ledger rows, each with the run's cost allocation tags (a bill split by team reads them)."""
+    for a in status.attempts:
+        a.tags = dict(tags) if tags else None
     write_job_attempts(store, run_id, status.job_id, status.attempts)
 
 
@@ -288,7 +291,7 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
         while True:
             status = launcher.status(job_id)
             if status.attempts != recorded:
-                record(store, run_id, status)
+                record(store, run_id, status, config.tags)
                 recorded = status.attempts
                 said.attempts(status.attempts)
             if status.state.terminal:
@@ -363,10 +366,10 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
         timer.disarm()
         logger.warning("the watch was interrupted; stopping job %s (it checkpoints first)", job_id)
         launcher.cancel(job_id, deadline_s=margin)
-        record(store, run_id, _wait_terminal(launcher, job_id, margin + 10.0))
+        record(store, run_id, _wait_terminal(launcher, job_id, margin + 10.0), config.tags)
         raise
     timer.disarm()
-    record(store, run_id, status)
+    record(store, run_id, status, config.tags)
     said.attempts(status.attempts)
     said.metrics(read_metrics(store, run_id, since_unix=since))
     result = outcome(config, store, status, earlier, since, stopped_at_cap, reattached)

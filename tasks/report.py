@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import warnings
 from typing import Any
 
@@ -15,6 +16,7 @@ from thrifty.report import chart
 from thrifty.report import mlflow
 from thrifty.report import ends
 from thrifty.report import figures as figures_text
+from thrifty.report import team
 from thrifty.report import utilisation
 from thrifty.report.reuse import export_text, warm_start_text
 from thrifty.money.budget import spend_usd
@@ -31,6 +33,7 @@ from thrifty.spot.deadline_run import deadline_moves, describe, market_split, re
 from thrifty.storage import open_store
 
 SAVINGS_TABLE_KEY = "thrifty-savings"  # the cross-run table every run updates
+TEAM_KEY = "thrifty-team"  # this month's spend and savings by tag and by lever, every run's end refreshes it
 CHART_ROWS = 12  # rows of the loss-and-spend table under the chart
 
 
@@ -164,6 +167,20 @@ def attempt_rows(attempts: list[Attempt]) -> list[dict[str, Any]]:
              "end": a.end_reason or "running", "exit": a.exit_code} for a in attempts]
 
 
+def team_view(all_figures: list[SavingsReport], now_unix: float) -> str:
+    """A team lead's page, refreshed at every end: this month's runs by each cost allocation tag they carry, and
+    what each lever saved (the sums of the runs' own figures; thrifty.report.team)."""
+    month = team.month_of(now_unix)
+    runs = team.in_month(all_figures, month)
+    total = savings.totals(runs)
+    parts = [f"## {month}: {total.runs} run(s) spent ${total.actual_usd:.4f}, saved ${total.saved_usd:.4f} "
+             f"({total.saved_fraction:.0%}) against {figures_text.NAIVE}", ""]
+    for key in sorted({k for f in runs for k in f.tags}):
+        parts.append(team.markdown(f"By {key}", team.by_tag(runs, key)))
+    parts.append(team.markdown("By lever", team.levers(runs)))
+    return "\n".join(parts)
+
+
 def savings_rows(all_figures: list[SavingsReport]) -> list[dict[str, Any]]:
     """The cross-run table, narrow enough for the UI (the levers are in each run's summary), one row per run whatever
     its end, states named as the README names them, and a total row: the sums of the rows above it."""
@@ -269,8 +286,11 @@ def publish(config: RunConfig, kind: str, message: str = "", job: JobOutcome | N
     if attempts:
         _artifact("table", attempt_rows(attempts), artifact_key(run_id, "attempts"),
                   f"Attempts of run {run_id}: every job's, resumes included", flow_run_id)
-        _artifact("table", savings_rows(savings.read_all(store)), SAVINGS_TABLE_KEY,
+        every_run = savings.read_all(store)
+        _artifact("table", savings_rows(every_run), SAVINGS_TABLE_KEY,
                   f"Savings of every Thrifty run in {store.uri}", flow_run_id)
+        _artifact("markdown", team_view(every_run, time.time()), TEAM_KEY,
+                  f"This month's spend and savings by tag and by lever in {store.uri}", flow_run_id)
     me = flow_run_id or _flow_run_id()
     to_mlflow(config, kind, message, figures, attempts, metrics if attempts else [], me)
     if me is not None:

@@ -78,46 +78,10 @@ def config_for_today(args: argparse.Namespace) -> RunConfig:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """The cross-run savings table of a store, as the `thrifty-savings` Prefect artifact shows it."""
-    from rich.console import Console
-    from rich.table import Table
+    """The cross-run savings table of a store (thrifty.report.command), as the `thrifty-savings` artifact shows it."""
+    from thrifty.report.command import report
 
-    from thrifty.money import savings
-    from thrifty.storage import open_store
-
-    from thrifty.money.unwatched import settle_all
-    from thrifty.report import figures as figures_text
-    from thrifty.report.ends import state_name
-
-    cfg = resolved_config(args)
-    store = open_store(cfg.store)
-    for settled in settle_all(store, savings.billed_runs(store)):  # jobs that ended while no flow watched them
-        print(settled.describe(), file=sys.stderr)
-    all_figures = savings.read_all(store)
-    rows = savings.table(all_figures)
-    if not rows:
-        print(f"no runs with spend in {cfg.store}", file=sys.stderr)
-        return EXIT_OK
-    table = Table(title=f"Savings in {cfg.store}")
-    for col in rows[0]:
-        table.add_column(col, justify="left" if col in ("run", "state", "saved") else "right", no_wrap=col == "run")
-    for row in rows:
-        row = {**row, "state": state_name(row["state"])}  # the README's words, as the savings artifact says them
-        table.add_row(*[f"{v:.5f}" if isinstance(v, float) else str(v) for v in row.values()])
-    total = savings.totals(all_figures)  # the same sums as the artifact's total row
-    Console(width=None if sys.stdout.isatty() else 200).print(table)  # piped or captured: no clipped figures
-    print(f"total of {total.runs} run(s): spent ${total.actual_usd:.5f}, {figures_text.NAIVE} ${total.naive_usd:.5f}, "
-          f"saved ${total.saved_usd:.5f} ({total.saved_fraction:.0%})")
-    notes: dict[str, list[str]] = {}
-    for f in all_figures:
-        for lever, why in figures_text.assumed(f).items():
-            notes.setdefault(f"{lever} assumed: {why}", []).append(f.run_id)
-    for note, runs in notes.items():
-        print(f"{note} (runs {', '.join(runs)})")
-    unspent = [(f.run_id, line) for f in all_figures if (line := figures_text.early_stop_line(f))]
-    for run_id, line in unspent:
-        print(f"{run_id}: {line} (not in the saving above)")
-    return EXIT_OK
+    return report(resolved_config(args), by=args.by, month=args.month, levers=args.levers)
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -277,6 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         if name == "config":
             p.add_argument("--schema", action="store_true", help="print the JSON schema instead")
+        if name == "report":
+            p.add_argument("--by", metavar="TAG", help="group the runs by this cost allocation tag (e.g. team)")
+            p.add_argument("--month", metavar="YYYY-MM", help="only the runs that started in this month (UTC)")
+            p.add_argument("--levers", action="store_true", help="what each lever saved across the runs, in dollars "
+                                                                 "and instance-hours")
 
     p = sub.add_parser("plan", help="print the SkyPilot task YAML and its candidates ranked by the run's estimated cost at "
                                     "today's prices (nothing launched)")

@@ -407,6 +407,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             world_size=dist.world,
             cache_key=cache.key,
             training_fingerprint=cfg.training_fingerprint(),
+            tags=cfg.tags,
             weights_sha256=weights_sha256(model.state_dict()),
             init_from=warm_start.summary_record(store, cfg, state.step, stopper.best),
             half_export=export.at_end(store, run_id, ckpts.best(ckpts.committed()), tc, device),  # null: none

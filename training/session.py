@@ -373,7 +373,7 @@ class Session:
                         "sess.should_save(step) said so; no checkpoint holds the best weights", es.metric, best.step)
         wall = self._train_time_s()
         summary = RunSummary(
-            run_id=self.run_id, recipe=self.cfg.recipe, status=ended, steps=self.step,
+            run_id=self.run_id, recipe=self.cfg.recipe, status=ended, steps=self.step, tags=self.cfg.tags,
             total_steps=self.total_steps or self.step, epochs=0.0, stopped_early=ended == "stopped_early",
             best_metric=best, final_metrics=self.last_eval, wall_time_s=round(wall, 3), data_wait_fraction=0.0,
             checkpoint_time_fraction=round(self.checkpoint_time_s / wall, 5) if wall else 0.0,

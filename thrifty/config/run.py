@@ -31,6 +31,7 @@ PATTERN_HELP = {
 }
 
 
+TAG_KEY, TAG_VALUE, MAX_TAGS = r"[a-z][a-z0-9_-]{0,62}", r"[a-z0-9_-]{0,63}", 32  # GCP's label rules, the strictest
 MAX_ERRORS_SHOWN = 20  # a file of ten thousand typos makes one readable message
 # train fields that cannot change the final weights (an export of them is written after the end; recomputed
 # activations give the same weights) and telemetry (what is measured and alerted on: utilisation sampling, the
@@ -90,6 +91,26 @@ class RunConfig(_Frozen):
                              "recipe's examples before they are trained on: deduplication.")
     report: ReportConfig = Field(default_factory=ReportConfig, description="Where the run's end is reported besides "
                                  "Prefect: an MLflow tracking server. Not part of what is trained.")
+    tags: dict[str, str] = Field(
+        default_factory=dict, description="Cost allocation tags, e.g. team: ml, project: search, owner: ana. They go "
+        "to the flow run's tags (team:ml), the cloud instance's labels (so the cloud's bill can be split by them), "
+        "every ledger row, the summary and the reports (thrifty report --by team). Keys: a lowercase letter, then "
+        "up to 62 lowercase letters, digits, '_' or '-'; values: up to 63 of those (the rules of GCP labels, the "
+        "strictest cloud). At most 32. Not part of what is trained.")
+
+    @field_validator("tags")
+    @classmethod
+    def _label_shaped(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_TAGS:
+            raise ValueError(f"{len(v)} tags; at most {MAX_TAGS} (clouds limit the labels of an instance)")
+        for key, value in v.items():
+            if not re.fullmatch(TAG_KEY, key):
+                raise ValueError(f"tag key {shown(key)} must start with a lowercase letter and hold up to 63 lowercase "
+                                 "letters, digits, '_' or '-' (e.g. team, cost_center)")
+            if not re.fullmatch(TAG_VALUE, value):
+                raise ValueError(f"tag {key}: value {shown(value)} may hold up to 63 lowercase letters, digits, '_' or "
+                                 "'-' (e.g. ml-platform)")
+        return v
 
     @field_validator("recipe_params")
     @classmethod

@@ -70,6 +70,7 @@ class Attempt:
     # from the start; usd_per_hour is the last. None: one price all along (and every ledger written before these)
     segments: list | None = None
     price_source: str = ""  # where usd_per_hour came from (a cloud's source, SkyPilot's catalog, the dated table)
+    tags: dict[str, str] | None = None  # the run's cost allocation tags (RunConfig.tags) when the row was written
 
     def hours(self, now: float | None = None) -> float:
         end = self.ended_unix if self.ended_unix is not None else (now or time.time())

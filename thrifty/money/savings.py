@@ -90,6 +90,8 @@ class SavingsReport(BaseModel):
     early_stop: EarlyStop | None = None  # work not done, apart from the headline
     basis_version: int = 1
     end: str = ""  # how the run ended, its spend and what to do next (thrifty.report.ends), as its report says it
+    tags: dict[str, str] = {}  # the run's cost allocation tags, from its ledger rows
+    started_unix: float | None = None  # its first attempt's start: the month a team's report files it under
 
     @property
     def on_demand_usd(self) -> float:
@@ -159,6 +161,8 @@ def breakdown(run_id: str, attempts: list[Attempt], summary: RunSummary | None, 
         lever_basis=basis,
         early_stop=early_stop_saving(summary, actual),
         basis_version=BASIS_VERSION,
+        tags=next((a.tags for a in reversed(attempts) if a.tags), {}),
+        started_unix=min(a.started_unix for a in attempts) if attempts else None,
     )
 
 
@@ -211,6 +215,9 @@ def read_all(store: Store) -> list[SavingsReport]:
             continue
         saved = read(store, run_id)
         if saved is not None and saved.basis_version == BASIS_VERSION and abs(saved.actual_usd - spend_usd(attempts)) < 1e-6:
+            if saved.started_unix is None:  # written before reports filed runs by month and tag: from its ledger
+                saved = saved.model_copy(update={"started_unix": min(a.started_unix for a in attempts),
+                                                 "tags": next((a.tags for a in reversed(attempts) if a.tags), {})})
             rows.append(saved)
             continue
         try:

@@ -55,6 +55,7 @@ class RunSummary(BaseModel):
     weights_sha256: str
     init_from: WarmStart | None = None  # where its weights started (train.init_from), and the savings reference
     half_export: HalfExport | None = None  # its gold weights in half precision (train.export_half)
+    tags: dict[str, str] = Field(default_factory=dict)  # its cost allocation tags (RunConfig.tags)
     # the last attempt's utilisation (training.telemetry): GPU busy %, memory, power, CPU %, the data-wait and
     # checkpoint shares of step time, achieved TFLOPS and MFU; a field the machine could not measure is absent
     utilisation: dict[str, float | str] | None = None

@@ -133,6 +133,8 @@ def task_config(cfg: RunConfig, source: str = "auto", ranking: Ranking | None = 
         resources["disk_size"] = c.disk_size_gb
     if c.max_hourly_cost is not None:
         resources["max_hourly_cost"] = c.max_hourly_cost
+    if cfg.tags:  # the instances' labels (AWS tags, GCP and Azure labels): the cloud's own bill splits by them
+        resources["labels"] = {**cfg.tags, "thrifty-run": cfg.run_name.lower()}
     # One job_recovery for the task: SkyPilot copies it into every any_of entry and refuses differing ones.
     resources["job_recovery"] = {
         "strategy": c.job_recovery_strategy,
