@@ -77,7 +77,7 @@ def test_arrows_point_one_way():
 
 # the library's rooms, bottom up: a module may import its own layer and those below it, never one above
 LAYERS = (
-    ("thrifty.protocol", "thrifty.procs", "thrifty.faults"),
+    ("thrifty.protocol", "thrifty.procs", "thrifty.faults", "thrifty.numbers"),
     ("thrifty.config", "thrifty.storage"),
     ("thrifty.runs",),
     ("thrifty.money",),
