@@ -35,6 +35,7 @@ from thrifty.money.ledger import read_meters
 from thrifty.launchers.preflight import check_before_spending
 from thrifty.results import PrepResult, SmokeResult
 from thrifty.storage import Store, open_store
+from thrifty.numbers import metric, money, pairs
 from thrifty.sweep import (Need, SweepConfig, SweepState, TrialState, best_trial, leader, load_state, measured_per_epoch,
                            need_for, next_job, observe, refusal, save_state, settle)
 from thrifty.sweep.report import SweepResult
@@ -189,11 +190,11 @@ def search(config: SweepConfig, poll_s: float) -> SweepResult:
         state.ended = True
         gold = mark_gold(store, config, best) if best else None
         if best:
-            s.decide(f"best: {best.run_name} {best.values} {config.rank_metric}={best.ranking_value():.5f} "
+            s.decide(f"best: {best.run_name} ({pairs(best.values)}) {config.rank_metric}={metric(best.ranking_value())} "
                      f"(trained to its end, epoch {best.reached}); gold: {gold or 'no checkpoint'}")
         elif (ahead := leader(state.trials, config.rank_mode)) is not None:
-            s.decide(f"no best: no trial trained to its end; {ahead.run_name} {ahead.values} leads at epoch "
-                     f"{ahead.reached} ({config.rank_metric}={ahead.ranking_value():.5f}). Start the search again "
+            s.decide(f"no best: no trial trained to its end; {ahead.run_name} ({pairs(ahead.values)}) leads at epoch "
+                     f"{ahead.reached} ({config.rank_metric}={metric(ahead.ranking_value())}). Start the search again "
                      "with larger caps to train it on", warn=True)
         s.save()
         return sweep_report(config, state, gold)
@@ -237,8 +238,8 @@ def run_trials(s: Search) -> None:
                                       f"sweep {config.name} trial {t.index}")
                 t.status, t.target, t.launches = "running", target, t.launches + 1
                 t.cap_usd, t.cap_gpu_hours = job_cfg.budget.max_usd, job_cfg.budget.max_gpu_hours
-                s.decide(f"{t.run_name} {t.values}: to epoch {target} (from {t.reached}), budget.max_usd "
-                         f"${t.cap_usd:.5f} ({need.why}; ${t.spent_usd:.5f} spent before)")
+                s.decide(f"{t.run_name} ({pairs(t.values)}): to epoch {target} (from {t.reached}), budget.max_usd "
+                         f"{money(t.cap_usd)} ({need.why}; {money(t.spent_usd)} spent before)")
                 s.save()  # the cap is on record before the job exists: a killed search still counts it
                 context = contextvars.copy_context()  # each child flow run sees this flow run as its parent
                 in_flight[pool.submit(context.run, train_trial, config=job_cfg, poll_s=s.poll_s,
@@ -265,12 +266,12 @@ def settled(s: Search, t: TrialState, target: int, future: Future) -> None:
     t.status, t.cap_usd, t.cap_gpu_hours = "paused", None, None
     observe(s.store, s.config, t)
     if t.status == "finished":
-        s.decide(f"{t.run_name}: finished, {s.config.rank_metric}={t.ranking_value()} ({t.note}); "
-                 f"${t.spent_usd:.5f} in all")
+        s.decide(f"{t.run_name}: finished, {s.config.rank_metric}={metric(t.ranking_value())} ({t.note}); "
+                 f"{money(t.spent_usd)} in all")
     elif t.reached >= target:
         t.target, t.cap_stops = None, 0
-        t.note = f"epoch {target}: {s.config.rank_metric}={t.score(target):.5f}"
-        s.decide(f"{t.run_name}: reached {t.note}; ${t.spent_usd:.5f} in all")
+        t.note = f"epoch {target}: {s.config.rank_metric}={metric(t.score(target))}"
+        s.decide(f"{t.run_name}: reached {t.note}; {money(t.spent_usd)} in all")
     elif s.deadline_hit:  # stopped at the search's deadline: paused with its checkpoint, never launched again
         t.note = f"stopped at the search's deadline before epoch {target}; its checkpoint is kept"
         s.decide(f"{t.run_name}: {t.note}", warn=True)

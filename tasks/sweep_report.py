@@ -6,6 +6,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from tasks.report import artifact_key, usd
+from thrifty.numbers import metric as fmt_metric, pairs
 from thrifty import archive
 from thrifty.runs import checkpoints
 from thrifty.report.chart import markdown_image, spend_at
@@ -61,8 +62,8 @@ def no_best(trials: list[TrialState], mode: str, metric: str) -> str:
     ahead = leader(trials, mode)
     if ahead is None:
         return "**Best**: none (no trial reached a milestone)"
-    return (f"**Best**: none: no trial trained to its end. {ahead.run_name} {ahead.values} leads at epoch "
-            f"{ahead.reached} ({metric} {ahead.ranking_value():.5f}); start the search again with larger caps "
+    return (f"**Best**: none: no trial trained to its end. {ahead.run_name} ({pairs(ahead.values)}) leads at epoch "
+            f"{ahead.reached} ({metric} {fmt_metric(ahead.ranking_value())}); start the search again with larger caps "
             "to train it on.")
 
 
@@ -77,7 +78,7 @@ def sweep_report(config: SweepConfig, state: SweepState, gold: str | None) -> Sw
     create_table_artifact(rows, key=artifact_key(config.name, "sweep"),
                           description=f"Sweep {config.name}: trials by rung reached and {metric}")
     lines = [f"# Sweep {config.name}", "",
-             f"**Best**: {best.run_name} {best.values}: {metric} {best.ranking_value():.5f} (trained to its "
+             f"**Best**: {best.run_name} ({pairs(best.values)}): {metric} {fmt_metric(best.ranking_value())} (trained to its "
              f"end, epoch {best.reached}); gold weights `{gold}`" if best else no_best(trials, mode, metric), "",
              f"Spent ${usd(money.spent_usd)} of the ${config.max_usd:g} cap; training all {money.trials} trials it "
              f"drew (paused, refused and never run ones too) to {config.full_epochs} epochs would have cost "
