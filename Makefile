@@ -18,9 +18,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/thrifty run --config examples/digits.yaml
 
-# --durations: every run (CI's too) lists its slowest tests, the budget is ~5 minutes on 2 cores
+# two workers, a test file each at a time (a module's servers stay its own); --durations: every run (CI's too) lists
+# its slowest tests. The suite mostly waits on servers and training nodes, so two workers fit 2 cores.
 test: $(STAMP)
-	$(BIN)/python -m pytest --durations=20
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=20
 
 clean:
 	rm -rf $(VENV) .thrifty
