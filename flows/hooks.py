@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from tasks.alerts import notify
 from tasks.report import is_published, publish
+from thrifty.numbers import hours
 from thrifty.money import savings
 from thrifty.config import ConfigError, RunConfig
 from thrifty.money.pricing import age_note, quote_emulated
@@ -57,16 +58,6 @@ def _config(flow_run: Any) -> RunConfig | None:
         return None
 
 
-def _duration(hours: float) -> str:
-    """A readable span that never rounds a real one to nothing ('0.0 h', '0 s')."""
-    seconds = hours * 3600
-    if hours >= 1:
-        return f"{hours:.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
-
-
 def running_message(cfg: RunConfig) -> str:
     b = cfg.budget
     parts = [f"run {cfg.run_name} starting: budget ${b.max_usd:g}"]
@@ -74,7 +65,7 @@ def running_message(cfg: RunConfig) -> str:
         q = quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)
         rate = q.usd_per_hour * cfg.compute.num_nodes
         parts.append(f"burning ${rate:.3f}/h on {q.cloud} {q.instance} {'spot' if q.spot else 'on-demand'} "
-                     f"({age_note()}), so the budget covers {_duration(b.max_usd / rate)}")
+                     f"({age_note()}), so the budget covers {hours(b.max_usd / rate)}")
     last = savings.read(open_store(cfg.store), cfg.run_name)
     if last is not None:
         parts.append(f"so far it has cost ${last.actual_usd:.4f}")

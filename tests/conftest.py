@@ -6,6 +6,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,6 +60,22 @@ def python_env() -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def latest_artifacts(*keys: str) -> dict[str, Any]:
+    """The newest artifact of each of ``keys`` on the session's Prefect server, by key (the server holds every other
+    test's artifacts too: a read of the latest N would lose them as the session grows)."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
+
+    async def read() -> list[Any]:
+        async with get_client() as client:
+            return await client.read_latest_artifacts(
+                artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=list(keys))))
+
+    return {a.key: a for a in asyncio.run(read())}
 
 
 @pytest.fixture(scope="session")

@@ -198,8 +198,15 @@ def deployed_ui_server(tmp_path_factory, request) -> Iterator[Server]:
         server = stack.enter_context(deployed_server(tmp_path_factory.mktemp("prefect-deployed"), ui=True))
         server.worker = server.spawn("worker", "worker", "start", "--pool", WORK_POOL, env=WORKER_ENV)
         _shared.update(server=server, stack=stack)
+        # under pytest-xdist the next module may run on another worker and never come here: stopped at the end then
+        request.config.add_cleanup(_stop_shared)
     yield _shared["server"]
     if not _next_module_uses_it(request):
+        _stop_shared()
+
+
+def _stop_shared() -> None:
+    if "server" in _shared:
         _shared.pop("server")
         _shared.pop("stack").close()  # the worker first, then the server (Server.stop_all)
 

@@ -8,7 +8,6 @@ store's objects are aged instead. The planner's windows are tested on listings w
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import os
@@ -29,6 +28,7 @@ from thrifty.storage import ObjectInfo, is_cold, open_store
 from training.checkpoint import CheckpointArchived, CheckpointManager
 from training.data import ensure_shards
 from training.recipes.base import resolve_recipe
+from conftest import latest_artifacts
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_only")]
 
@@ -334,7 +334,6 @@ def test_lifecycle_elsewhere_says_what_to_do(tmp_path):
 
 
 def test_flow_dry_run_then_apply_publishes_the_report(prefect_harness, tmp_path):
-    from prefect.client.orchestration import get_client
 
     from flows.archive_stale import archive_stale
 
@@ -347,11 +346,7 @@ def test_flow_dry_run_then_apply_publishes_the_report(prefect_harness, tmp_path)
     done = archive_stale(store=store.uri, as_of=LATER, dry_run=False)
     assert done["moved"] == 4 and done["bytes_moved"] == dry["bytes_to_archive"]
 
-    async def latest():
-        async with get_client() as client:
-            return await client.read_latest_artifacts(limit=50)
-
-    [artifact] = [a for a in asyncio.run(latest()) if a.key == "thrifty-archive"]
+    artifact = latest_artifacts("thrifty-archive")["thrifty-archive"]
     assert "Moved 4 objects" in artifact.data and "best checkpoint (gold weights)" in artifact.data
 
     state = archive_stale(store=store.uri, older_than_days=-1, return_state=True)

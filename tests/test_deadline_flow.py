@@ -9,16 +9,15 @@ path through it (a fast or a slow start-up, a first move back that finds spot st
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
-from prefect.client.orchestration import get_client
 
 from flows.train_pipeline import train_pipeline
 from thrifty.config import build_config
 from thrifty.money.ledger import read_attempts
 from thrifty.spot.deadline_run import read_record
 from thrifty.storage import open_store
+from conftest import latest_artifacts
 
 pytestmark = pytest.mark.slow
 
@@ -65,11 +64,8 @@ def test_spot_goes_away_the_run_moves_to_on_demand_and_back_and_meets_its_deadli
     assert "deadline: run deadline: spot -> on-demand" in logged and "deadline: run deadline: on-demand -> spot" in logged
     assert "attempt 1 ended: preempted" in logged and "attempt 1 ended: cancelled" in logged
     assert "attempt 1 ended: succeeded" in logged
-    summary = asyncio.run(_artifact("thrifty-summary-deadline")).data  # the report: each market, the deadline met
+    summary = latest_artifacts("thrifty-summary-deadline")["thrifty-summary-deadline"].data  # the report: each market, the deadline met
     assert "| markets | spot " in summary and " on-demand " in summary
     assert "| deadline | 2.5 min (uniform_progress): finished in" in summary and "before it; moves: spot -> on-demand" in summary
 
 
-async def _artifact(key: str):
-    async with get_client() as client:
-        return next(a for a in await client.read_latest_artifacts(limit=50) if a.key == key)

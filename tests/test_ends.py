@@ -5,7 +5,6 @@ stopped says how to go on instead of turning into bad input. (Cancellation from 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, latest_artifacts
 from thrifty.config import build_config
 from thrifty.money import savings
 from thrifty.money.budget import spend_usd
@@ -67,15 +66,11 @@ def ends_said(received: list[dict], run: str) -> list[str]:
 
 
 def summary_artifact(run: str) -> str:
-    from prefect.client.orchestration import get_client
 
     from tasks.report import artifact_key
 
-    async def read():
-        async with get_client() as client:
-            return await client.read_latest_artifacts(limit=200)
-
-    return next(a.data for a in asyncio.run(read()) if a.key == artifact_key(run, "summary"))
+    key = artifact_key(run, "summary")
+    return latest_artifacts(key)[key].data
 
 
 def check_end(received: list[dict], store: Path, run: str, state, said: str, next_step: str, launched: bool = True):
@@ -269,5 +264,6 @@ def test_a_search_says_its_end_once(webhook, tmp_path):
     assert len(said) == 1, said
     spent = sum(spend_usd(read_attempts(open_store(str(store)), f"said-t{i:03d}")) for i in range(2))
     assert said[0].startswith(f"sweep said completed: spent ${spent:.5f} of its $0.5 cap; best {out.best_run}")
-    for i in range(2):
-        assert len(ends_said(webhook, f"said-t{i:03d}")) == 1, "each trial's end, once"
+    for i in range(2):  # a trial its cap stopped is relaunched (a loaded machine's start-up outruns the estimate):
+        jobs = {a.job_id for a in read_attempts(open_store(str(store)), f"said-t{i:03d}")}  # each job's end, once
+        assert len(ends_said(webhook, f"said-t{i:03d}")) == len(jobs), "each trial's end, once"

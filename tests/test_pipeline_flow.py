@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
-from prefect.client.orchestration import get_client
 
 from flows.train_pipeline import train_pipeline
 from thrifty.config import build_config
+from conftest import latest_artifacts
 
 pytestmark = pytest.mark.slow
 
@@ -28,11 +27,6 @@ def ledger(store: Path, run_name: str) -> list[dict]:
     from thrifty.storage import open_store
 
     return [a.row() for a in read_attempts(open_store(str(store)), run_name)]
-
-
-async def _artifact(key: str):
-    async with get_client() as client:
-        return await client.read_latest_artifacts(limit=50)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +60,7 @@ def test_preempted_run_resumes_and_matches_uninterrupted(prefect_harness, store,
 
 
 def test_report_artifacts_published(prefect_harness, store, reference):
-    artifacts = asyncio.run(_artifact("thrifty-summary-ref"))
-    by_key = {a.key: a for a in artifacts if a.key}
+    by_key = latest_artifacts("thrifty-summary-ref", "thrifty-attempts-ref")
     summary = by_key["thrifty-summary-ref"].data
     assert "preprocessing cache | miss" in summary and "smoke test | passed" in summary
     assert "final val_accuracy" in summary and "on-demand" in summary

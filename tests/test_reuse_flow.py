@@ -3,15 +3,13 @@ the warm start show in the report, and a warm start that does not fit is bad inp
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import os
 from pathlib import Path
 
 import pytest
-from prefect.client.orchestration import get_client
 
-from conftest import REPO, python_env
+from conftest import REPO, latest_artifacts, python_env
 from flows.train_pipeline import train_pipeline
 from thrifty.config import build_config
 from thrifty.money import savings
@@ -31,9 +29,6 @@ def config(store: Path, run_name: str, params: dict | None = None, **train_cfg):
     })
 
 
-async def _artifacts():
-    async with get_client() as client:
-        return {a.key: a for a in await client.read_latest_artifacts(limit=100) if a.key}
 
 
 def test_nightly_warm_start_through_the_flow(prefect_harness, tmp_path, monkeypatch):
@@ -51,7 +46,8 @@ def test_nightly_warm_start_through_the_flow(prefect_harness, tmp_path, monkeypa
     assert "warm_start" in figures.levers_usd
     assert figures.levers_usd["warm_start"] > 0 or warm.steps_not_trained == 0
 
-    summary = asyncio.run(_artifacts())[f"thrifty-summary-{out.run_name}"].data
+    key = f"thrifty-summary-{out.run_name}"
+    summary = latest_artifacts(key)[key].data
     assert "| deduplication | exact: 12 duplicates removed (train 12); 5 validation examples were also in train |" \
         in summary
     assert f"| weights from | `run:nightly-{yesterday}:gold`" in summary and "steps not trained against" in summary

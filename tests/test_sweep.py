@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, python_env
+from conftest import REPO, latest_artifacts, python_env
 from thrifty.config import ConfigError, build_config
 from thrifty.sweep import SweepConfig, TrialState, best_trial, build_sweep, leader, next_job, settle
 from thrifty.sweep.caps import Need, committed_usd, need_for, refusal
@@ -429,11 +429,7 @@ def test_killed_search_resumes_and_finds_the_known_answer(prefect_harness, e2e_s
     kids = asyncio.run(children())
     assert kids and all(k.name.startswith("lr-t") and k.state.is_final() for k in kids)
     # the leaderboard artifact, with cost per trial and the saving
-    async def artifacts():
-        async with get_client() as client:
-            return {a.key: a for a in await client.read_latest_artifacts(limit=100) if a.key}
-
-    arts = asyncio.run(artifacts())
+    arts = latest_artifacts("thrifty-sweep-lr", "thrifty-sweep-summary-lr")
     table = arts["thrifty-sweep-lr"].data
     assert "cost $" in table and "cumulative $" in table and "lr-t00" in table
     summary = arts["thrifty-sweep-summary-lr"].data

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import re
 
 import pytest
 
 from thrifty.config import ConfigError, build_config
+from conftest import latest_artifacts
 
 pytestmark = pytest.mark.slow
 
@@ -97,10 +97,6 @@ def test_tags_reach_the_flow_run_the_ledger_the_summary_and_a_teams_reports(pref
     spot_sum = sum(f.levers_usd["spot"] for f in figures.values())
     assert abs(float(re.findall(r"\d+\.\d{5}", spot)[0]) - spot_sum) < 2e-5, printed
 
-    async def team_artifact():
-        async with get_client() as client:
-            return [a for a in await client.read_latest_artifacts(limit=100) if a.key == "thrifty-team"]
-
-    [page] = asyncio.run(team_artifact())
+    page = latest_artifacts("thrifty-team")["thrifty-team"]
     assert f"## {month}: 3 run(s)" in page.data and "### By team" in page.data and "### By owner" in page.data
     assert "### By lever" in page.data and "| ml | 2 |" in page.data and "| (untagged) | 2 |" in page.data

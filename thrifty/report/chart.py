@@ -15,6 +15,7 @@ from typing import Any, Iterable
 from xml.sax.saxutils import escape
 
 from thrifty.money.budget import spend_usd
+from thrifty.numbers import metric
 from thrifty.money.ledger import Attempt
 
 WIDTH, HEIGHT = 640, 240
@@ -91,11 +92,6 @@ def fmt_usd(v: float) -> str:
     return f"${v:.2f}" if v >= 1 else f"${v:.4f}" if v >= 0.0001 else f"${v:.6f}"
 
 
-def fmt_metric(v: float) -> str:
-    """A loss or metric to 4 significant digits."""
-    return f"{v:.4g}"
-
-
 def _fmt_minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
@@ -152,13 +148,13 @@ def svg(points: list[Point], max_usd: float | None = None, resumed_at_steps: Ite
         budget = f" of {escape(fmt_usd(max_usd))} cap" + ("" if cap_drawn else " (above the chart)")
     parts = frame(LOSS_COLOUR) + [
         f'<line x1="{right}" y1="{PAD_T}" x2="{right}" y2="{bottom}" stroke="{SPEND_COLOUR}"/>',
-        f'<text x="{PAD_L}" y="18" {text} fill="{LOSS_COLOUR}">loss {fmt_metric(points[0].loss)} → '
-        f'{fmt_metric(points[-1].loss)}' + (f'; {escape(eval_name)} {fmt_metric(evals[-1][1])}' if evals else "")
+        f'<text x="{PAD_L}" y="18" {text} fill="{LOSS_COLOUR}">loss {metric(points[0].loss)} → '
+        f'{metric(points[-1].loss)}' + (f'; {escape(eval_name)} {metric(evals[-1][1])}' if evals else "")
         + f' (step {points[-1].step})</text>',
         f'<text x="{right}" y="18" {text} fill="{SPEND_COLOUR}" text-anchor="end">spend '
         f'{escape(fmt_usd(points[-1].spend_usd))}{budget}</text>',
-        f'<text x="{PAD_L - 6}" y="{PAD_T + 4}" {text} fill="{LOSS_COLOUR}" text-anchor="end">{fmt_metric(hi)}</text>',
-        f'<text x="{PAD_L - 6}" y="{bottom}" {text} fill="{LOSS_COLOUR}" text-anchor="end">{fmt_metric(lo)}</text>',
+        f'<text x="{PAD_L - 6}" y="{PAD_T + 4}" {text} fill="{LOSS_COLOUR}" text-anchor="end">{metric(hi)}</text>',
+        f'<text x="{PAD_L - 6}" y="{bottom}" {text} fill="{LOSS_COLOUR}" text-anchor="end">{metric(lo)}</text>',
         f'<text x="14" y="{(PAD_T + bottom) / 2:.0f}" {text} fill="{LOSS_COLOUR}" text-anchor="middle" '
         f'transform="rotate(-90 14 {(PAD_T + bottom) / 2:.0f})">loss{" (log scale)" if log else ""}</text>',
         f'<text x="{right + 6}" y="{PAD_T + 4}" {text} fill="{SPEND_COLOUR}">{escape(fmt_usd(top_usd))}</text>',

@@ -194,13 +194,8 @@ def final_metrics(figures: SavingsReport | None, attempts: list[Attempt], now: f
 
 def run_tags(config: RunConfig, kind: str, end: str, flow_run_id: str | None,
              flow_run_url: str | None) -> dict[str, str]:
-    """The config's cost tags (``tags``, where the config has them), then Thrifty's own, which win a clash."""
-    tags: dict[str, str] = {}
-    cost_tags = getattr(config, "tags", None)  # a mapping in configs that carry cost tags; absent in older ones
-    if isinstance(cost_tags, Mapping):
-        for k, v in cost_tags.items():
-            key = _key(str(k))
-            tags["thrifty.tag." + key if key.startswith("mlflow.") else key] = str(v)  # mlflow.* is MLflow's own
+    """The config's cost tags (``tags``: label-shaped, so never one of MLflow's ``mlflow.*``), then Thrifty's own."""
+    tags: dict[str, str] = dict(config.tags)
     note = end + (f"\n\nPrefect flow run: {flow_run_url}" if flow_run_url else "")
     tags.update({"thrifty.run_name": config.run_name, "thrifty.end": kind, "thrifty.recipe": config.recipe,
                  "thrifty.training_fingerprint": config.training_fingerprint(), "mlflow.note.content": note})
