@@ -70,6 +70,6 @@ def test_a_job_that_finished_unwatched_is_found_finished_and_its_row_closed(pref
     report = thrifty("report", "--config", str(cfg))
     assert report.returncode == 0, report.stderr
     row_line = next(line for line in report.stdout.splitlines() if "unwatched" in line)
-    assert "completed" in row_line and f"{round(spent, 6):.5f}" in row_line
+    assert "completed" in row_line and f"{spent:.5f}" in row_line
     assert "closed now" not in report.stderr  # said once, by the look that closed it
     assert Path(ledger / f"{closed.job_id}.jsonl").read_text().count("\n") == 1
