@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from contextlib import nullcontext
 from pathlib import Path
@@ -152,7 +153,8 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     field(page, "poll_s (Optional)").fill("0.5")
     snap(page, shots, "01-train-form")
     page.get_by_role("button", name="Submit").click()
-    page.wait_for_url(re.compile(r"/deployments/deployment/"))  # the UI goes to the deployment's runs with a toast
+    # the form's own address matches /deployments/deployment/ too: wait until the UI has left it (the submit took)
+    page.wait_for_url(lambda url: "/deployments/deployment/" in url and not url.rstrip("/").endswith("/run"))
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     try:  # the UI's toast: it lives a few seconds, which a page starved by a loaded machine can draw too late to see
@@ -160,12 +162,18 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     except PlaywrightTimeout:
         print("the 'scheduled to start' toast was not seen (a loaded machine); the run is checked on the server")
     snap(page, shots, "02-submitted", full=False)
-    with ui.client() as client:
-        from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
-        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(
-            any_=[deployment_id(ui, "thrifty-train/train")])))
-    [flow_run_id] = [str(r.id) for r in runs if (r.parameters.get("config") or {}).get("run_name") == run_name]
+    mine = []
+    for _ in range(120):  # the UI has left the form once the server took the run; a loaded server may list it late
+        with ui.client() as client:
+            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(
+                any_=[deployment_id(ui, "thrifty-train/train")])))
+        mine = [str(r.id) for r in runs if (r.parameters.get("config") or {}).get("run_name") == run_name]
+        if mine:
+            break
+        time.sleep(0.5)
+    [flow_run_id] = mine
     page.goto(f"/runs/flow-run/{flow_run_id}")
 
     flow_run = wait_final(ui, flow_run_id, ui.worker)
