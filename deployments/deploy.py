@@ -211,6 +211,69 @@ def create_webhook_block(url: str, ref: str | None) -> str:
     return ref
 
 
+def form_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A deployment's parameter schema as the Prefect UI's form should draw it: no null defaults.
+
+    The UI fills each field from the schema's defaults; a null one selects the ``None`` branch of an optional field,
+    which the form draws as the words 'Property is type "None"' instead of an input. Without the null, it draws the
+    field's input, empty; an empty field is left out of the parameters, and the model's own default (None) applies:
+    the same run. Null stays an allowed value (a client may still send it)."""
+
+    def no_nulls(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: no_nulls(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list):
+            return [no_nulls(v) for v in value]
+        return value
+
+    def tidy(prop: dict[str, Any]) -> dict[str, Any]:
+        prop = dict(prop)
+        if "default" in prop:
+            if prop["default"] is None:
+                del prop["default"]
+            else:
+                prop["default"] = no_nulls(prop["default"])
+        return prop
+
+    out = dict(schema)
+    out["properties"] = {name: tidy(prop) for name, prop in (schema.get("properties") or {}).items()}
+    for key in ("definitions", "$defs"):
+        if key in schema:
+            out[key] = {name: {**model, "properties": {k: tidy(p) for k, p in (model.get("properties") or {}).items()}}
+                        if "properties" in model else model for name, model in schema[key].items()}
+    return out
+
+
+def tidy_forms(names: list[str]) -> list[str]:
+    """Give the named deployments the UI-friendly parameter schema (:func:`form_schema`); returns the updated ones.
+
+    ``prefect deploy`` writes the schema pydantic generates from the flow's signature; this replaces it in place,
+    so each `thrifty deploy` leaves the forms tidy."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import DeploymentUpdate
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    async def go() -> list[str]:
+        done = []
+        async with get_client() as client:
+            found = await client.read_deployments(deployment_filter=DeploymentFilter(
+                name=DeploymentFilterName(any_=names)))
+            for dep in found:
+                schema = dep.parameter_openapi_schema or {}
+                tidy = form_schema(schema)
+                if tidy != schema:
+                    await client.update_deployment(dep.id, DeploymentUpdate(parameter_openapi_schema=tidy))
+                    done.append(dep.name)
+        return sorted(done)
+
+    try:
+        return asyncio.run(go())
+    except Exception as exc:  # noqa: BLE001 - reported as a deploy failure with the cause
+        raise DeployError(f"tidying the deployments' forms failed: {exc}") from exc
+
+
 def install_automations(alerts_block: str | None, skipped: list[str] | None = None) -> list[str]:
     """Budget cut-off and failure alerts from deployments/automations.yaml (replaced by name: idempotent)."""
     import asyncio
@@ -253,6 +316,7 @@ def deploy_all(project_dir: str | Path = ".", pool: str | None = None,
             alerts_block = create_webhook_block(alerts_webhook, alerts_block)
             echo(f"notification block {alerts_block} saved: failure alerts post to it")
         run_prefect_deploy(project_dir, kind.prefect_file)
+        tidy_forms(sorted(pools))
         installed = install_automations(alerts_block, skipped)
         echo(f"automations installed: {', '.join(installed) or 'none'}")
     except DeployError as exc:

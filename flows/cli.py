@@ -16,6 +16,7 @@ from thrifty.config import ConfigError
 from thrifty.launchers.preflight import check_before_spending
 from thrifty.protocol import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_FAILED, EXIT_OK
 from training.validate import check_config
+from thrifty.numbers import metric, money, pairs
 
 if TYPE_CHECKING:
     from thrifty.sweep import SweepConfig
@@ -61,9 +62,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if summary is not None:
         table.add_row("steps", f"{summary.steps} / {summary.total_steps}" + (" (stopped early)" if summary.stopped_early else ""))
         for name, value in summary.final_metrics.items():
-            table.add_row(name, f"{value:.4f}")
-    table.add_row("cost (emulated)", f"${out.cost_usd:.5f} spent by earlier jobs of this run"
-                  if out.already_finished else f"${out.cost_usd:.5f} vs ${out.on_demand_usd:.5f} on-demand")
+            table.add_row(name, metric(value))
+    table.add_row("cost (emulated)", f"{money(out.cost_usd)} spent by earlier jobs of this run"
+                  if out.already_finished else f"{money(out.cost_usd)} vs {money(out.on_demand_usd)} on-demand")
     Console().print(table)
     if out.savings is not None and out.savings.end:
         print(out.savings.end)  # how it ended, what it cost and saved, what next: the run's one sentence
@@ -100,17 +101,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for col in ("trial", *cfg.space, "epochs", out.metric, "cost $", "state"):
         table.add_column(col, justify="left" if col in ("trial", "state") else "right")
     for row in out.leaderboard:
-        table.add_row(*(str(row.get(c, "")) if row.get(c) is not None else "-"
-                        for c in ("trial", *cfg.space, "epochs", out.metric, "cost $", "state")))
+        table.add_row(*(metric(row.get(c)) for c in ("trial", *cfg.space, "epochs", out.metric, "cost $", "state")))
     Console(width=max(Console().width, 160)).print(table)  # the values' columns stay readable in a log
     if out.best_run:
-        print(f"best: {out.best_run} {out.best_values}: {out.metric} {out.best_value:.5f} (trained to its end, "
+        print(f"best: {out.best_run} {pairs(out.best_values)}: {out.metric} {metric(out.best_value)} (trained to its end, "
               f"epoch {out.best_epochs}); gold weights {out.gold}")
     else:
         print("no best: no trial trained to its end (the leaderboard shows who leads); start the search again with "
               "larger caps to train on")
-    print(f"spent ${out.spent_usd:.5f} of ${out.max_usd:g}; every trial it drew trained to the end: "
-          f"~${out.full_usd:.5f} (saved {out.saved_fraction:.0%}). Leaderboard: artifact 'thrifty-sweep-{out.name}' "
+    print(f"spent {money(out.spent_usd)} of ${out.max_usd:g}; every trial it drew trained to the end: "
+          f"~{money(out.full_usd)} (saved {out.saved_fraction:.0%}). Leaderboard: artifact 'thrifty-sweep-{out.name}' "
           "in Prefect.")
     return EXIT_OK
 

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from tasks.alerts import notify
 from tasks.report import is_published, publish
-from thrifty.numbers import hours
+from thrifty.numbers import hours, money
 from thrifty.money import savings
 from thrifty.config import ConfigError, RunConfig
 from thrifty.money.pricing import age_note, quote_emulated
@@ -64,11 +64,11 @@ def running_message(cfg: RunConfig) -> str:
     if cfg.compute.launcher == "local":
         q = quote_emulated(cfg.compute.emulate, cfg.compute.use_spot)
         rate = q.usd_per_hour * cfg.compute.num_nodes
-        parts.append(f"burning ${rate:.3f}/h on {q.cloud} {q.instance} {'spot' if q.spot else 'on-demand'} "
+        parts.append(f"burning {money(rate)}/h on {q.cloud} {q.instance} {'spot' if q.spot else 'on-demand'} "
                      f"({age_note()}), so the budget covers {hours(b.max_usd / rate)}")
     last = savings.read(open_store(cfg.store), cfg.run_name)
     if last is not None:
-        parts.append(f"so far it has cost ${last.actual_usd:.4f}")
+        parts.append(f"so far it has cost {money(last.actual_usd)}")
     return "; ".join(parts)
 
 
@@ -133,7 +133,7 @@ def sweep_message(flow_run: Any, state: Any) -> tuple[str, list[str]] | None:
     store = open_store(cfg.base.store)
     spent = sum(run_spend_usd(store, cfg.run_name(i)) for i in range(cfg.max_trials))
     what = ENDS.get(state.name, state.name.lower())
-    text = f"sweep {cfg.name} {what}: spent ${spent:.5f} of its ${cfg.max_usd:g} cap"
+    text = f"sweep {cfg.name} {what}: spent {money(spent)} of its ${cfg.max_usd:g} cap"
     if state.name == "Completed":
         best = best_trial(load_state(store, cfg).trials, cfg.rank_mode)
         text += (f"; best {best.run_name} {best.values}: {cfg.rank_metric} {best.ranking_value():.5g}. Next: train or "

@@ -174,7 +174,7 @@ def search(config: SweepConfig, poll_s: float) -> SweepResult:
                 t.cap_usd = t.cap_gpu_hours = None  # its job is over: all it spent is in its ledger
             else:  # a job elsewhere trains on under the cap it was given: that cap stays committed (caps.py)
                 s.decide(f"{t.run_name}: its job from the stopped search is still training; its cap "
-                         f"${t.cap_usd:.5f} stays reserved until the trial's relaunch re-attaches to it", warn=True)
+                         f"{money(t.cap_usd)} stays reserved until the trial's relaunch re-attaches to it", warn=True)
         for t in state.trials:
             observe(store, config, t)
         logger.info("sweep %s: %d trial(s), rungs %s epochs, eta %d, up to %d at once; caps $%g%s%s%s", config.name,

@@ -12,6 +12,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import MarkdownArtifact, TableArtifact, create_markdown_artifact, create_table_artifact
 
+from thrifty.numbers import amount, metric, money
 from thrifty.report import chart
 from thrifty.report import mlflow
 from thrifty.report import ends
@@ -42,12 +43,6 @@ def artifact_key(run_id: str, kind: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"thrifty-{kind}-{run_id}".lower()).strip("-")
 
 
-def usd(v: float) -> str:
-    """Dollars to 5 decimals, never '-0.00000'."""
-    text = f"{v:.5f}"
-    return text.lstrip("-") if float(text) == 0 else text
-
-
 def loss_and_spend_chart(metrics: list[dict[str, Any]], attempts: list[Attempt], max_usd: float | None = None,
                          points: int = CHART_ROWS) -> str:
     """Markdown: the chart (an SVG image) and a table of loss and cumulative spend at up to ``points`` steps."""
@@ -58,16 +53,12 @@ def loss_and_spend_chart(metrics: list[dict[str, Any]], attempts: list[Attempt],
     t0 = curve[0].time_unix
     eval_name, evals = chart.eval_curve(metrics)
     lines = [chart.markdown_image(chart.svg(curve, max_usd, resumed, evals, eval_name), "loss and spend over time"), "",
-             f"Loss {curve[0].loss:.3f} → {curve[-1].loss:.3f} over {curve[-1].step} steps; "
-             f"spend ${usd(curve[-1].spend_usd)}" + (f" of the ${max_usd:g} budget" if max_usd else "") + ".", "",
+             f"Loss {metric(curve[0].loss)} → {metric(curve[-1].loss)} over {curve[-1].step} steps; "
+             f"spend {money(curve[-1].spend_usd)}" + (f" of the ${max_usd:g} budget" if max_usd else "") + ".", "",
              "| minute | step | loss | spend $ |", "|---:|---:|---:|---:|"]
-    lines += [f"| {(p.time_unix - t0) / 60:.2f} | {p.step} | {p.loss:.4f} | {usd(p.spend_usd)} |"
+    lines += [f"| {(p.time_unix - t0) / 60:.2f} | {p.step} | {metric(p.loss)} | {amount(p.spend_usd)} |"
               for p in chart.sample(curve, points)]
     return "\n".join(lines) + "\n"
-
-
-def _metric(v: float | None) -> str:
-    return "-" if v is None else f"{v:.4f}"
 
 
 def render_summary(run_id: str, prep: PrepResult | None, smoke: SmokeResult | None, estimate: Estimate | None,
@@ -96,8 +87,8 @@ def render_summary(run_id: str, prep: PrepResult | None, smoke: SmokeResult | No
                      + ("saved and resumed" if prep is not None and prep.note else smoke.precision_checked)
                      + f", {smoke.cpu_step_time_s:.4f} s/step"))
     if estimate is not None:
-        rows.append(("estimate before launch", f"${usd(estimate.usd)} (range ${usd(estimate.low_usd)}-"
-                     f"${usd(estimate.high_usd)}; see the assumptions below)"))
+        rows.append(("estimate before launch", f"{money(estimate.usd)} (range {money(estimate.low_usd)}-"
+                     f"{money(estimate.high_usd)}; see the assumptions below)"))
         if estimate.choice:
             rows.append(("hardware", estimate.choice))
     if job is not None:
@@ -109,14 +100,14 @@ def render_summary(run_id: str, prep: PrepResult | None, smoke: SmokeResult | No
         rows += [
             ("steps", f"{summary.steps} of {summary.total_steps} ({summary.epochs:g} epochs)"),
             ("early stop", "yes" if summary.stopped_early else "no"),
-            *([(f"best {best.name}", f"{_metric(best.value)} at step {best.step}")] if best else []),
-            *[(f"final {k}", _metric(v)) for k, v in final.items()],
+            *([(f"best {best.name}", f"{metric(best.value)} at step {best.step}")] if best else []),
+            *[(f"final {k}", metric(v)) for k, v in final.items()],
             ("checkpoints written", str(summary.checkpoints_written)),
             ("data-wait fraction", f"{summary.data_wait_fraction:.1%}" if summary.data_wait_fraction is not None
              else "-"),
             ("weights sha256", f"`{summary.weights_sha256[:16]}…`" if summary.weights_sha256 else "-"),
         ]
-    rows.append(("cost", f"${usd(figures.actual_usd)} (on-demand: ${usd(figures.on_demand_usd)})"))
+    rows.append(("cost", f"{money(figures.actual_usd)} (on-demand: {money(figures.on_demand_usd)})"))
     early = figures_text.early_stop_line(figures)
     lines = [
         f"# Run `{run_id}`",
@@ -128,14 +119,14 @@ def render_summary(run_id: str, prep: PrepResult | None, smoke: SmokeResult | No
         "",
         "## Savings",
         "",
-        f"Actual **${usd(figures.actual_usd)}** against **${usd(figures.naive_usd)}** for {figures_text.NAIVE}: "
-        f"saved ${usd(figures.saved_usd)} ({figures.saved_fraction:.0%}).",
+        f"Actual **{money(figures.actual_usd)}** against **{money(figures.naive_usd)}** for {figures_text.NAIVE}: "
+        f"saved {money(figures.saved_usd)} ({figures.saved_fraction:.0%}).",
         "",
         "| lever | saved $ | how it was priced |",
         "|---|---:|---|",
-        *[f"| {k.replace('_', ' ')} | {usd(v)} | {basis} |" for k, v, basis in figures_text.lever_rows(figures)],
+        *[f"| {k.replace('_', ' ')} | {amount(v)} | {basis} |" for k, v, basis in figures_text.lever_rows(figures)],
         f"| preemption waste ({figures.preemption_waste.steps} steps recomputed) | "
-        f"{usd(-figures.preemption_waste.usd)} | measured: the steps trained twice, at the run's rate |",
+        f"{amount(-figures.preemption_waste.usd)} | measured: the steps trained twice, at the run's rate |",
         "",
         *([f"Early stopping (not in the figures above): {early}.", ""] if early else []),
         "Assumptions:",
@@ -150,7 +141,7 @@ def render_summary(run_id: str, prep: PrepResult | None, smoke: SmokeResult | No
 def deadline_rows(config: RunConfig, attempts: list[Attempt]) -> list[tuple[str, str]]:
     """Time and dollars on each market; with a deadline, whether it was met and the moves that met it."""
     split = market_split(attempts)
-    rows = [("markets", "; ".join(f"{name.replace('_', '-')} {h * 60:.1f} min ${usd(d)}" for name, (h, d) in split.items()
+    rows = [("markets", "; ".join(f"{name.replace('_', '-')} {h * 60:.1f} min {money(d)}" for name, (h, d) in split.items()
                                   if h > 0) or "-")]
     record = read_record(open_store(config.store), config.run_name) if deadline_moves(config) else None
     if record is not None:

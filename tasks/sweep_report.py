@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from tasks.report import artifact_key, usd
-from thrifty.numbers import metric as fmt_metric, pairs
+from tasks.report import artifact_key
+from thrifty.numbers import amount, metric as fmt_metric, pairs
 from thrifty import archive
 from thrifty.runs import checkpoints
 from thrifty.report.chart import markdown_image, spend_at
@@ -80,14 +80,14 @@ def sweep_report(config: SweepConfig, state: SweepState, gold: str | None) -> Sw
     lines = [f"# Sweep {config.name}", "",
              f"**Best**: {best.run_name} ({pairs(best.values)}): {metric} {fmt_metric(best.ranking_value())} (trained to its "
              f"end, epoch {best.reached}); gold weights `{gold}`" if best else no_best(trials, mode, metric), "",
-             f"Spent ${usd(money.spent_usd)} of the ${config.max_usd:g} cap; training all {money.trials} trials it "
+             f"Spent ${amount(money.spent_usd)} of the ${config.max_usd:g} cap; training all {money.trials} trials it "
              f"drew (paused, refused and never run ones too) to {config.full_epochs} epochs would have cost "
-             f"~${usd(money.full_usd)}: the search saved {money.saved_fraction:.0%}.", "",
+             f"~${amount(money.full_usd)}: the search saved {money.saved_fraction:.0%}.", "",
              markdown_image(svg(chart_points(store, config, trials), mode, metric, config.max_usd),
                             f"{metric} against the search's spend"), "",
              "| trial | values | epochs | " + metric + " | cost $ | state | note |", "|---|---|---:|---:|---:|---|---|"]
-    lines += [f"| {r['trial']} | {', '.join(f'{k}={t.values[k]}' for k in t.values)} | {r['epochs']} | "
-              f"{r[metric] if r[metric] is not None else '-'} | {usd(r['cost $'])} | {r['state']} | {r['note']} |"
+    lines += [f"| {r['trial']} | {pairs(t.values)} | {r['epochs']} | "
+              f"{fmt_metric(r[metric])} | {amount(r['cost $'])} | {r['state']} | {r['note']} |"
               for r, t in ((r, next(x for x in trials if x.run_name == r["trial"])) for r in rows)]
     lines += ["", "Decisions:", ""] + [f"- {d}" for d in state.decisions[-60:]]
     create_markdown_artifact("\n".join(lines) + "\n", key=artifact_key(config.name, "sweep-summary"),

@@ -62,6 +62,13 @@ def python_env() -> dict[str, str]:
 PYTHON = sys.executable
 
 
+def agrees(shown: str, source: float, slack: float = 1e-12) -> bool:
+    """A figure printed with d decimals agrees with its source (a ledger's sum) when it is that figure rounded to d
+    (``slack``: what the source may be off by, e.g. a sum of figures each kept to 9 places)."""
+    decimals = len(shown.partition(".")[2])
+    return abs(float(shown) - source) <= 0.5 * 10 ** -decimals + slack
+
+
 def latest_artifacts(*keys: str) -> dict[str, Any]:
     """The newest artifact of each of ``keys`` on the session's Prefect server, by key (the server holds every other
     test's artifacts too: a read of the latest N would lose them as the session grows)."""

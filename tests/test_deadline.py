@@ -280,7 +280,7 @@ def test_the_report_shows_time_and_dollars_per_market_and_the_deadline(tmp_path)
             Move(at_unix=t0 + 880, from_market="spot", to_market="on_demand", from_job="j1", to_job="j2"),
             Move(at_unix=t0 + 1500, from_market="on_demand", to_market="spot", from_job="j2", to_job="j3"))))
     rows = dict(deadline_rows(cfg, attempts))
-    assert rows["markets"] == "spot 33.3 min $0.51000; on-demand 10.0 min $0.51000"
+    assert rows["markets"] == "spot 33.3 min $0.51; on-demand 10.0 min $0.51"
     assert rows["deadline"] == ("60.0 min (uniform_progress): finished in 50.0 min, 10.0 min before it; moves: "
                                 "spot -> on-demand, on-demand -> spot")
 

@@ -22,6 +22,7 @@ from prefect_server import BIN, WORKER_ENV, Server, tail
 from thrifty.archive import build_settings
 from thrifty.config import build_config
 from thrifty.money.ledger import read_attempts
+from thrifty.numbers import money
 from thrifty.storage import open_store
 
 SPEC = yaml.safe_load((REPO / "prefect.yaml").read_text())
@@ -82,6 +83,23 @@ def test_prefect_yaml_matches_the_code():
     assert nightly["concurrency_limit"] == 1
     [schedule] = nightly["schedules"]
     assert (schedule["cron"], schedule["timezone"]) == (NIGHTLY_CRON, NIGHTLY_TZ)
+
+
+def test_form_schema_drops_null_defaults_and_keeps_the_rest():
+    from deployments.deploy import form_schema
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.train_pipeline import train_pipeline
+    from thrifty.config import RunConfig
+
+    schema = parameter_schema(train_pipeline.fn).model_dump()
+    tidy = form_schema(schema)
+    assert '"default": null' not in json.dumps(tidy) and '"default": null' in json.dumps(schema)
+    # what the form sends for an untouched config is the same run: the defaults less their nulls
+    assert RunConfig.model_validate(tidy["properties"]["config"]["default"]) == RunConfig()
+    assert tidy["definitions"]["TrainConfig"]["properties"]["grad_clip"]["default"] == 1.0  # a real default stays
+    assert tidy["properties"]["poll_s"] == schema["properties"]["poll_s"]
+    assert form_schema(tidy) == tidy
 
 
 def test_deploy_without_a_server_says_how_to_start_one(tmp_path):
@@ -151,6 +169,11 @@ def test_deployments_registered_on_the_server(deployed):
     assert weekly.work_pool_name == WORK_POOL and weekly.parameters["dry_run"] is True
     assert schedule.parameters == {"dry_run": False}
     assert train.enforce_parameter_schema and nightly.enforce_parameter_schema
+    # the forms draw optional fields as inputs: thrifty deploy left no null default in any deployment's schema
+    for dep in (train, nightly, weekly):
+        assert ": null" not in json.dumps(dep.parameter_openapi_schema), dep.name
+    preempt = train.parameter_openapi_schema["definitions"]["ComputeConfig"]["properties"]["preempt_after_steps"]
+    assert {"type": "null"} in preempt["anyOf"], "null is still a value a client may send"
     # thrifty deploy installed the budget backstop (the failure alert needs a notification block): proactive, so it
     # only acts for a watch loop that said "exceeded" and never "stopped"
     assert len(backstop) == 1 and backstop[0].actions[0].type == "cancel-flow-run"
@@ -290,7 +313,7 @@ def test_a_run_cancelled_from_the_ui_stops_its_job_and_leaves_its_report(deploye
     attempts = read_attempts(s, run_name)
     assert attempts and all(a.ended_unix is not None for a in attempts), "the job was stopped, its ledger closed"
     spent = spend_usd(attempts)
-    assert f"spent ${spent:.5f}" in message
+    assert f"spent {money(spent)}" in message
     figures = savings.read(s, run_name)
     assert figures is not None and figures.state == "cancelled" and figures.end == message
     key = re.sub(r"[^a-z0-9-]+", "-", run_name)

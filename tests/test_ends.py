@@ -17,6 +17,7 @@ from thrifty.config import build_config
 from thrifty.money import savings
 from thrifty.money.budget import spend_usd
 from thrifty.money.ledger import read_attempts
+from thrifty.numbers import money
 from thrifty.storage import open_store
 
 pytestmark = pytest.mark.slow
@@ -83,7 +84,7 @@ def check_end(received: list[dict], store: Path, run: str, state, said: str, nex
     assert message in summary_artifact(run), "the report opens with the same sentence"
     if launched:
         spent = spend_usd(read_attempts(open_store(str(store)), run))
-        assert f"spent ${spent:.5f} of its" in message
+        assert f"spent {money(spent)} of its" in message
         figures = savings.read(open_store(str(store)), run)
         assert figures is not None and figures.end == message and figures.actual_usd == pytest.approx(spent, abs=1e-6)
     return message
@@ -146,7 +147,7 @@ def test_bad_input_is_reported_and_writes_nothing(webhook, tmp_path):
     state = train_pipeline(cfg, poll_s=1.0, return_state=True)
     assert state.is_failed() and state.name == "BadInput", state
     message = check_end(webhook, store, "gated", state, "refused its input", "Nothing was rented", launched=False)
-    assert "spent $0.00000 of its $1e-05 budget" in message and "cannot buy a single checkpoint" in message
+    assert "spent $0.00 of its $1e-05 budget" in message and "cannot buy a single checkpoint" in message
     assert not (store / "runs" / "gated").exists()
 
 
@@ -161,7 +162,7 @@ def test_a_crash_is_reported_by_its_hook(webhook, tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         pipeline.train_pipeline(config(tmp_path / "store", "crashy"))
     [message] = ends_said(webhook, "crashy")
-    assert message.startswith("run crashy crashed: spent $0.00000 of its $1 budget") and "Next:" in message
+    assert message.startswith("run crashy crashed: spent $0.00 of its $1 budget") and "Next:" in message
     assert message in summary_artifact("crashy")
 
 
@@ -263,7 +264,7 @@ def test_a_search_says_its_end_once(webhook, tmp_path):
     said = [m["body"] for m in webhook if m["body"].startswith("sweep said ")]
     assert len(said) == 1, said
     spent = sum(spend_usd(read_attempts(open_store(str(store)), f"said-t{i:03d}")) for i in range(2))
-    assert said[0].startswith(f"sweep said completed: spent ${spent:.5f} of its $0.5 cap; best {out.best_run}")
+    assert said[0].startswith(f"sweep said completed: spent {money(spent)} of its $0.5 cap; best {out.best_run}")
     for i in range(2):  # a trial its cap stopped is relaunched (a loaded machine's start-up outruns the estimate):
         jobs = {a.job_id for a in read_attempts(open_store(str(store)), f"said-t{i:03d}")}  # each job's end, once
         assert len(ends_said(webhook, f"said-t{i:03d}")) == len(jobs), "each trial's end, once"

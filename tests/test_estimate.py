@@ -17,6 +17,7 @@ from thrifty.money.estimate import OverBudgetPlan, RANGE, estimate_run, gate
 from thrifty.money.history import LOCAL, job_history
 from thrifty.money.ledger import Attempt, write_job_attempts
 from thrifty.money.throughput import speed_key
+from thrifty.numbers import money
 from thrifty.results import PrepResult, SmokeResult
 from thrifty.runs import run_key
 from thrifty.storage import open_store
@@ -94,7 +95,7 @@ def test_the_gate_refuses_only_when_even_the_low_end_exceeds_the_cap():
     with pytest.raises(OverBudgetPlan) as err:
         gate(est, 10.0, False, 30.0, 50)
     assert "even the low end of the estimate exceeds budget.max_usd $10" in str(err.value)
-    assert f"${est.low_usd + 0.3:.5f}" in str(err.value) and est.summary() in str(err.value), "one figure set"
+    assert money(est.low_usd + 0.3) in str(err.value) and est.summary() in str(err.value), "one figure set"
 
 
 def test_a_trial_is_given_at_least_its_first_checkpoint_at_the_estimates_high_end():

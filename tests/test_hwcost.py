@@ -16,6 +16,7 @@ import yaml
 from thrifty.config import ConfigError, build_config
 from thrifty.launchers.skypilot import candidates, plan_text, rank, task_config
 from thrifty.money.ledger import Attempt, write_job_attempts
+from thrifty.numbers import money
 from thrifty.results import PrepResult, SmokeResult
 from thrifty.runs import run_key
 from thrifty.storage import open_store
@@ -53,8 +54,8 @@ def test_a_faster_gpu_at_a_higher_rate_wins_a_long_run_and_loses_a_short_one():
     assert win.usd == pytest.approx((10 / 12 + 300 / 3600) * H100_SPOT)
     assert lose.usd == pytest.approx((10 + 300 / 3600) * A10G_SPOT) and win.usd < lose.usd
     why = long.why()
-    assert why.startswith(f"H100:1 spot on azure: ${win.usd:.2f} for ~0.92 h beats A10G:1 spot on aws: ${lose.usd:.2f}")
-    assert "A10G is cheaper per hour ($0.302/h vs $2.790/h)" in why and "~12.0x faster" in why
+    assert why.startswith(f"H100:1 spot on azure: {money(win.usd)} for ~0.92 h beats A10G:1 spot on aws: {money(lose.usd)}")
+    assert "A10G is cheaper per hour ($0.302/h vs $2.79/h)" in why and "~12.0x faster" in why
     # the SkyPilot task tries the cheapest run first: ordered, not any_of (which picks the cheapest per hour)
     resources = task_config(cfg, "offline", long)["resources"]
     assert "any_of" not in resources and [e["accelerators"] for e in resources["ordered"]] == ["H100:1", "A10G:1"]
@@ -195,5 +196,5 @@ def test_on_demand_stays_the_fallback_and_the_plan_says_what_it_would_save():
     assert [(x.candidate.accelerator, x.candidate.spot) for x in ranking.ranked] == [
         ("A10G:1", True), ("H100:1", False), ("A10G:1", False)]  # spot first: the user asked for on-demand as fallback
     assert ranking.winner.usd == pytest.approx((40 + 300 / 3600) * A10G_SPOT)
-    assert ("(on-demand H100:1 on-demand on azure would cost $7.56 for ~1.1 h, but on-demand is only the fallback; "
+    assert ("(on-demand H100:1 on-demand on azure would cost $7.562 for ~1.1 h, but on-demand is only the fallback; "
             "set compute.use_spot=false to rank it first)") in ranking.why()

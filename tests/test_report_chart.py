@@ -6,7 +6,8 @@ import base64
 import re
 import xml.etree.ElementTree as ET
 
-from tasks.report import attempt_rows, loss_and_spend_chart, usd
+from tasks.report import attempt_rows, loss_and_spend_chart
+from thrifty.numbers import amount, metric, money
 from thrifty.report import chart
 from thrifty.money.ledger import Attempt
 
@@ -49,19 +50,19 @@ def test_chart_is_an_svg_image_with_both_lines_and_the_resume():
     # ten logged steps, and the run's end: the spend line closes at what the ledger says the run spent
     assert len(lines) == 2 and all(len(line.get("points").split()) == 11 for line in lines)
     assert b"resumed" in base64.b64decode(src)
-    assert "Loss 2.950 → 1.500 over 50 steps" in md
+    assert f"Loss {metric(2.95)} → {metric(1.5)} over 50 steps" in md and "Loss 2.95 → 1.5 over" in md
     table = [line for line in md.splitlines() if re.match(r"\| [0-9.]+ \| \d+ \|", line)]
     assert [int(line.split("|")[2]) for line in table] == [5, 20, 40, 50]
     # spend is cumulative over both attempts: 40 s of attempt 1 and 50 s of attempt 2 at $3.6/h by the run's end
     # (its last logged step came 10 s before that)
     ledger = sum(a.cost_usd() for a in attempts)
-    assert ledger == 90 * 3.6 / 3600 and table[-1].endswith(f"| {usd(ledger)} |")
-    assert f"spend ${usd(ledger)} of the $1 budget" in md
+    assert ledger == 90 * 3.6 / 3600 and table[-1].endswith(f"| {amount(ledger)} |")
+    assert f"spend {money(ledger)} of the $1 budget" in md and "spend $0.09 of" in md
     assert f"spend {chart.fmt_usd(ledger)} of" in base64.b64decode(src).decode()
 
 
 def test_money_never_prints_minus_zero_and_attempt_rows_are_narrow():
-    assert usd(-0.0000001) == "0.00000" and usd(-0.5) == "-0.50000"
+    assert money(-0.0) == "$0.00" and money(-0.5) == "-$0.50" and amount(0.00359952) == "0.0036"
     _, attempts = resumed_run()
     rows = attempt_rows(attempts)
     assert [r["end"] for r in rows] == ["preempted", "succeeded"] and len(rows[0]) <= 8

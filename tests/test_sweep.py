@@ -73,7 +73,7 @@ def test_draws_are_seeded_in_range_and_independent_of_max_trials():
     ({"train.lr": {"choice": [0.1]}}, {"min_epochs": 10}, "min_epochs 10 is more than max_epochs 9"),
     ({"train.lr": {"choice": [0.1]}}, {"metric": "val_accuracy"}, "set mode to max"),
     ({}, {}, "space is empty"),
-    ({"train.lr": {"choice": [0.1]}}, {"name": "a/b"}, "name must be 1-58 letters"),
+    ({"train.lr": {"choice": [0.1]}}, {"name": "a/b"}, "'name' must be 1-58 letters"),
 ])
 def test_bad_sweeps_fail_before_anything_runs_naming_the_fix(space, extra, match):
     with pytest.raises(ConfigError, match=match):

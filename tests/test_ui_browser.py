@@ -140,14 +140,11 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     assert "is a const" not in form, "'auto' must read as a choice"
     assert "Seconds between looks at the job's status" in form, "poll_s has a description"
     assert "digits: hidden" in form, "recipe_params lists the recipe's options"
+    assert 'Property is type "None"' not in form, "an optional field left at its default shows its input, empty"
     field(page, "Run Name (Optional)").fill(run_name)
     field(page, "Store (Optional)").fill(str(store))
     field(page, "Max Epochs (Optional)").fill("3")  # 66 steps; the preemption lands at exactly step 20
     field(page, "Max Usd (Optional)").fill("1")
-    steps = page.locator("xpath=//span[contains(@class,'schema-form-property__label') and normalize-space()="
-                         "'Preempt After Steps (Optional)']/ancestor::div[contains(concat(' ',@class,' '),"
-                         "' schema-form-property ')][1]")
-    steps.get_by_role("button", name="int", exact=True).click()
     field(page, "Preempt After Steps (Optional)").fill("20")  # one preemption, so the logs show a resume
     field(page, "Preempt Grace S (Optional)").fill("20")
     field(page, "poll_s (Optional)").fill("0.5")
@@ -216,7 +213,8 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     text = page.locator("body").inner_text()
     assert "2 in 1 job(s), 1 preemption(s) survived, 1 resume(s)" in text
     assert "-0.00000" not in text and "0.0 h" not in text
-    assert re.search(r"best val_loss\s+\d+\.\d{4} at step", text), "best val_loss rounded like the final one"
+    best = re.search(r"best val_loss\s+([0-9.]+) at step", text)
+    assert best and len(best.group(1).replace(".", "").lstrip("0")) <= 4, "metrics read to 4 significant digits"
     snap(page, shots, "04-summary-artifact")
 
     page.goto(f"/artifacts/artifact/{keys[attempts_key]}")
@@ -238,6 +236,16 @@ def _fits(page: Any) -> bool:
 
 
 def test_a_bad_value_gets_a_clear_toast_and_a_bad_name_the_rule(ui, page, shots):
+    """The server checks the form against the schema before a flow run exists: a bad number or run name is refused
+    at the form, with the field's path, and no flow run is created for it."""
+    def runs_named(run_name: str) -> list[Any]:
+        with ui.client() as client:
+            from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(
+                any_=[deployment_id(ui, "thrifty-train/train")])))
+        return [r for r in runs if (r.parameters.get("config") or {}).get("run_name") == run_name]
+
     open_form(page, ui)
     field(page, "Max Epochs (Optional)").fill("0")
     page.get_by_role("button", name="Submit").click()
@@ -245,6 +253,16 @@ def test_a_bad_value_gets_a_clear_toast_and_a_bad_name_the_rule(ui, page, shots)
     toast.first.wait_for()
     assert "0 is less than the minimum of 1" in toast.first.inner_text()
     snap(page, shots, "07-bad-value-toast", full=False)
+
+    open_form(page, ui)
+    field(page, "Run Name (Optional)").fill("my run!")
+    page.get_by_role("button", name="Submit").click()
+    toast = page.get_by_text(re.compile("Validation failed for field 'config.run_name'"))
+    toast.first.wait_for()
+    assert "'my run!' does not match '^[A-Za-z0-9][-A-Za-z0-9._{}]{0,62}$'" in toast.first.inner_text()
+    snap(page, shots, "07b-bad-name-toast", full=False)
+    assert page.url.rstrip("/").endswith("/run"), "the form stays open for the fix"
+    assert runs_named("my run!") == [], "a refused form creates no flow run"
 
 
 def test_nightly_run_is_named_by_its_date(ui, page, shots, tmp_path):
@@ -322,3 +340,13 @@ def test_input_errors_say_the_fix_once_without_tracebacks(ui, page, shots, tmp_p
     page.get_by_text("Known options").first.wait_for()
     assert "Traceback" not in page.locator("body").inner_text()
     snap(page, shots, "11-typo-run", full=False)
+
+
+def test_sweep_form_says_what_a_base_run_name_does_in_a_search(ui, page, shots):
+    page.goto(f"/deployments/deployment/{deployment_id(ui, 'thrifty-sweep/sweep')}/run")
+    field(page, "Max Trials (Optional)").wait_for()
+    form = page.locator("main, body").first.inner_text()
+    assert "Not used by a sweep: each trial trains as its own run, named after the sweep (NAME-t000" in form
+    assert "wins over the form's top 'Run Name'" not in form, "a train form's words are wrong in a sweep"
+    assert 'Property is type "None"' not in form
+    snap(page, shots, "12-sweep-form")

@@ -23,6 +23,7 @@ from conftest import REPO
 from test_money import THRIFTY, cli_env, thrifty, wait_for
 from thrifty.money.budget import spend_usd
 from thrifty.money.ledger import ledger_rows, read_attempts, read_meters
+from thrifty.numbers import amount
 from thrifty.storage import open_store
 
 pytestmark = pytest.mark.slow
@@ -70,6 +71,6 @@ def test_a_job_that_finished_unwatched_is_found_finished_and_its_row_closed(pref
     report = thrifty("report", "--config", str(cfg))
     assert report.returncode == 0, report.stderr
     row_line = next(line for line in report.stdout.splitlines() if "unwatched" in line)
-    assert "completed" in row_line and f"{spent:.5f}" in row_line
+    assert "completed" in row_line and amount(spent) in row_line
     assert "closed now" not in report.stderr  # said once, by the look that closed it
     assert Path(ledger / f"{closed.job_id}.jsonl").read_text().count("\n") == 1

@@ -71,7 +71,7 @@ def test_the_watch_loop_emits_the_starved_event_and_notifies(monkeypatch):
     assert found is not None
     assert [e["event"] for e in events] == ["thrifty.gpu.starved"]
     assert events[0]["payload"]["usd_per_hour_waiting"] == pytest.approx(1.5)
-    assert notes and notes[0][0] == ["slack-webhook/ops"] and "$1.500/h" in notes[0][1]
+    assert notes and notes[0][0] == ["slack-webhook/ops"] and "$1.50/h" in notes[0][1]
 
 
 # ---------------------------------------------------------------- sampling (fake counters, fake clocks)
@@ -181,11 +181,11 @@ def test_right_size_advises_a_cheaper_gpu_when_this_one_idled():
 def test_report_rows_and_cost_map_lines():
     rows = dict(utilisation_rows({"gpu_busy_pct": 35.0, "data_wait_share": 0.2, "achieved_tflops": 0.5,
                                   "device_name": "cpu"}, run_usd=10.0))
-    assert rows["GPU busy"].startswith("35 %") and "$2.00000" in rows["waiting for data"]
+    assert rows["GPU busy"].startswith("35 %") and "$2.00 of this run" in rows["waiting for data"]
     assert "no MFU" in rows["achieved"] and "GPU power" not in rows
     lines = cost_map_lines({"ops": [{"name": "aten::addmm", "share": 0.41, "projected_usd": 1.0}],
                             "steps_profiled": 4, "windows": 2}, run_usd=30.0)
-    assert "- `aten::addmm`: 41% of step time, about $12.30000 of this run" in lines
+    assert "- `aten::addmm`: 41% of step time, about $12.30 of this run" in lines
 
 
 def test_telemetry_settings_leave_the_fingerprint_alone():
@@ -291,4 +291,4 @@ def test_the_report_section_shows_utilisation_advice_and_the_cost_map(tmp_path):
     assert "## Utilisation" in text and "| GPU busy | 25 % of the time |" in text
     assert "MFU 4.5% of the A100 bf16 peak" in text
     assert "Right-size: the GPU was busy 25 %" in text and "n1-standard-4+T4" in text  # a T4 holds 4 GB x 1.2
-    assert "## Cost map" in text and "`aten::mm`: 50% of step time, about $1.46900 of this run" in text
+    assert "## Cost map" in text and "`aten::mm`: 50% of step time, about $1.469 of this run" in text

@@ -16,14 +16,14 @@ from __future__ import annotations
 from thrifty.config.base import STORE_SCHEMES, ConfigError, StoreUri, store_scheme
 from thrifty.config.loading import (ENV_VAR, add_config_args, apply_overrides, config_from_args, config_from_env,
                                     load_config, parse_override, read_config_file, resolve_config, script_config)
-from thrifty.config.run import (PATTERN_HELP, RECIPE_PATTERN, RUN_NAME_PATTERN, RunConfig, build_config,
-                                format_validation_error)
+from thrifty.config.run import (PATTERN_HELP, RECIPE_PATTERN, RUN_NAME_PATTERN, SWEEP_NAME_PATTERN, RunConfig,
+                                build_config, format_validation_error)
 from thrifty.config.report import ReportConfig
 from thrifty.config.sections import BudgetConfig, ComputeConfig, EarlyStoppingConfig, TrainConfig
 
 __all__ = [
-    "ENV_VAR", "PATTERN_HELP", "RECIPE_PATTERN", "RUN_NAME_PATTERN", "STORE_SCHEMES", "BudgetConfig", "ComputeConfig",
-    "ConfigError", "EarlyStoppingConfig", "ReportConfig", "RunConfig", "StoreUri", "TrainConfig", "add_config_args",
+    "ENV_VAR", "PATTERN_HELP", "RECIPE_PATTERN", "RUN_NAME_PATTERN", "SWEEP_NAME_PATTERN", "STORE_SCHEMES",
+    "BudgetConfig", "ComputeConfig", "ConfigError", "EarlyStoppingConfig", "ReportConfig", "RunConfig", "StoreUri", "TrainConfig", "add_config_args",
     "apply_overrides", "build_config", "config_from_args", "config_from_env", "format_validation_error",
     "load_config", "parse_override", "read_config_file", "resolve_config", "script_config", "store_scheme",
 ]

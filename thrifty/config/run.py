@@ -19,14 +19,21 @@ from thrifty.config.fleet import CONFIG, DEFAULT, FLEET_VARS, resolve_fleet, sou
 from thrifty.config.sections import BudgetConfig, ComputeConfig, TrainConfig
 
 
-# Forms checked by pattern; each pattern's user-facing wording for errors. RECIPE_PATTERN is in the JSON schema (the
-# server refuses a bad recipe before any worker sees it); RUN_NAME_PATTERN is checked by a validator instead, because
-# the Prefect UI shows a schema pattern's failure as the raw regex, mangled by its markdown, and never the rule.
+# Forms checked by pattern; each pattern's user-facing wording for errors. A pattern in the JSON schema is what the
+# Prefect server checks when a form (or any client) creates a flow run, so a bad name or recipe is refused at the
+# form, before a flow run exists. The server's message quotes the schema's regex, so RUN_NAME_FORM is the plain one a
+# user can read; the validator then applies RUN_NAME_PATTERN, the whole rule ('{' and '}' only as '{date}').
+RUN_NAME_FORM = r"^[A-Za-z0-9][-A-Za-z0-9._{}]{0,62}$"
 RUN_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.\-]|\{date\}){0,62}$"
+SWEEP_NAME_PATTERN = r"^[A-Za-z0-9][-A-Za-z0-9._]{0,57}$"  # + '-t000' stays within a run_name's 63 characters
 RECIPE_PATTERN = r"^([A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"
+_RUN_NAME_HELP = ("must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit; '{date}' is "
+                  "replaced by the run's scheduled date (YYYYMMDD), e.g. 'nightly-{date}'")
 PATTERN_HELP = {
-    RUN_NAME_PATTERN: "must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit; "
-                      "'{date}' is replaced by the run's scheduled date (YYYYMMDD), e.g. 'nightly-{date}'",
+    RUN_NAME_FORM: _RUN_NAME_HELP,
+    RUN_NAME_PATTERN: _RUN_NAME_HELP,
+    SWEEP_NAME_PATTERN: "must be 1-58 letters, digits, '.', '_' or '-', starting with a letter or digit (trial runs "
+                        "are NAME-t000, ...)",
     RECIPE_PATTERN: "must be a built-in name (digits, codelm, script) or 'package.module:function'",
 }
 
@@ -56,7 +63,7 @@ class RunConfig(_Frozen):
     """One training run: what to train, where to keep it, what to rent, and what it may cost."""
 
     run_name: str = Field(
-        "digits-demo", min_length=1,  # its pattern is checked below: a schema pattern reaches the UI as a raw regex
+        "digits-demo", min_length=1, pattern=RUN_NAME_FORM,  # and RUN_NAME_PATTERN, the whole rule, below
         description="The run id and resume key: checkpoints live under STORE/runs/RUN_NAME/ in the store below; "
         "the same name resumes from there. '{date}' becomes the run's scheduled date (YYYYMMDD), so a nightly "
         "deployment trains a new run each night. 1-63 letters, digits, '.', '_' or '-', starting with a letter or "

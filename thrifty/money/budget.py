@@ -20,6 +20,7 @@ from typing import Any
 from thrifty.config import BudgetConfig, RunConfig
 from thrifty.money.ledger import Attempt
 from thrifty.money.pricing import find_instance
+from thrifty.numbers import money
 
 STOP_MARGIN_DEFAULT_S = {"local": 30.0, "skypilot": 240.0}  # budget.stop_margin_s when null
 # billed after a stop is decided and the trainer is told, until the nodes are gone: the part of stop_margin_s the
@@ -148,19 +149,19 @@ def due_alerts(snap: Snapshot, budget: BudgetConfig, state: AlertState, run_id: 
         key = f"threshold:{t}@{budget.max_usd}"  # a new budget (a resumed run) has thresholds of its own
         if snap.fraction >= t and key not in state.fired:
             state.fired.append(key)
-            out.append(Alert("threshold", f"run {run_id} has spent ${snap.spend_usd:.4f}, {t:.0%} of its "
-                                          f"${budget.max_usd:g} budget ({projection} ${snap.projected_usd:.4f})",
+            out.append(Alert("threshold", f"run {run_id} has spent {money(snap.spend_usd)}, {t:.0%} of its "
+                                          f"${budget.max_usd:g} budget ({projection} {money(snap.projected_usd)})",
                              {**base, "threshold": t}))
     rate = budget.burn_rate_alert_usd_per_hour
     if rate is not None and snap.burn_usd_per_hour > rate and (
             state.last_burn_alert_unix is None or now - state.last_burn_alert_unix >= budget.burn_rate_alert_every_s):
         state.last_burn_alert_unix = now
-        out.append(Alert("burn_rate", f"run {run_id} burns ${snap.burn_usd_per_hour:.2f}/hour, above the "
+        out.append(Alert("burn_rate", f"run {run_id} burns {money(snap.burn_usd_per_hour)}/hour, above the "
                                       f"${rate:g}/hour alert level", {**base, "alert_usd_per_hour": rate}))
     burn = snap.burn_usd_per_hour if reserve_burn is None else max(reserve_burn, snap.burn_usd_per_hour)
     over_gpu = budget.max_gpu_hours is not None and snap.gpu_hours >= budget.max_gpu_hours
     if over_cap(snap.spend_usd, burn, reserve_s, budget.max_usd) or over_gpu:
-        what = (f"${snap.spend_usd:.4f} of its ${budget.max_usd:g} cap (holding back {reserve_s:.0f} s of burn to "
+        what = (f"{money(snap.spend_usd)} of its ${budget.max_usd:g} cap (holding back {reserve_s:.0f} s of burn to "
                 "stop in)" if not over_gpu else f"{snap.gpu_hours:.3f} of its {budget.max_gpu_hours:g} GPU-hour cap")
         out.append(Alert("exceeded", f"run {run_id} reached {what}; stopping it", {**base, "reserve_s": reserve_s}))
     return out

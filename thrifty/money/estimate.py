@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from thrifty.money.budget import accelerator_count
 from thrifty.money.history import JobHistory
 from thrifty.money.throughput import Speeds, speeds_for
+from thrifty.numbers import money
 
 FP32_SLOWDOWN_ON_GPU = 2.0  # assumed: fp32 takes this much longer than bf16/fp16 autocast on a GPU
 PROVISIONING_S = {"local": 5.0, "skypilot": 300.0}  # assumed start-up billed before training, until measured
@@ -64,10 +65,10 @@ class Estimate(BaseModel):
 
     def summary(self) -> str:
         """The one figure set every surface prints for this plan: estimate, range, what it covers, its basis."""
-        high = "?" if math.isinf(self.high_usd) else f"${self.high_usd:.5f}"
-        return (f"${self.usd:.5f} (range ${self.low_usd:.5f}-{high}) for {self.steps} steps: {self.startup_s:.0f} s of "
+        high = "?" if math.isinf(self.high_usd) else money(self.high_usd)
+        return (f"{money(self.usd)} (range {money(self.low_usd)}-{high}) for {self.steps} steps: {self.startup_s:.0f} s of "
                 f"start-up + {self.hours * 3600 - self.startup_s:.0f} s of training (evaluation and checkpoints "
-                f"{self.overhead_s:.0f} s of it), at ${self.usd_per_hour:.3f}/h"
+                f"{self.overhead_s:.0f} s of it), at {money(self.usd_per_hour)}/h"
                 + (f" from {self.price_source}" if self.price_source else "") + f"; {BASIS[self.basis]}: {self.assumption}")
 
 
@@ -131,8 +132,8 @@ def smallest_budget_usd(estimate: Estimate, reserve_s: float, checkpoint_every: 
     seconds = estimate.startup_s + steps * estimate.step_s + reserve_s
     usd = spent_usd + seconds / 3600.0 * estimate.usd_per_hour
     why = (f"{estimate.startup_s:g} s of start-up + {steps} step(s) to the first checkpoint (~{steps * estimate.step_s:.1f} s)"
-           f" + {reserve_s:g} s held back to stop in, at ${estimate.usd_per_hour:.3f}/h"
-           + (f", on top of ${spent_usd:.4f} already spent" if spent_usd else ""))
+           f" + {reserve_s:g} s held back to stop in, at {money(estimate.usd_per_hour)}/h"
+           + (f", on top of {money(spent_usd)} already spent" if spent_usd else ""))
     return usd, why
 
 
@@ -145,15 +146,15 @@ def gate(estimate: Estimate, max_usd: float, allow_over_budget: bool, reserve_s:
     if max_usd < smallest:
         raise OverBudgetPlan(
             f"budget.max_usd ${max_usd:g} cannot buy a single checkpoint: the smallest budget that can make progress "
-            f"is ${smallest:.4f} ({why}). Raise budget.max_usd to at least that, pick a cheaper instance, or lower "
+            f"is {money(smallest)} ({why}). Raise budget.max_usd to at least that, pick a cheaper instance, or lower "
             "budget.stop_margin_s; nothing was launched.")
     reserve_usd = reserve_s / 3600.0 * estimate.usd_per_hour
     low = spent_usd + estimate.low_usd + reserve_usd
     if low <= max_usd or allow_over_budget:
         return
     raise OverBudgetPlan(
-        f"even the low end of the estimate exceeds budget.max_usd ${max_usd:g}: ${low:.5f} with {reserve_s:g} s held "
-        f"back to stop in (${reserve_usd:.5f})" + (f" and ${spent_usd:.5f} already spent" if spent_usd else "")
+        f"even the low end of the estimate exceeds budget.max_usd ${max_usd:g}: {money(low)} with {reserve_s:g} s held "
+        f"back to stop in ({money(reserve_usd)})" + (f" and {money(spent_usd)} already spent" if spent_usd else "")
         + f". The estimate: {estimate.summary()}. Raise budget.max_usd, train fewer steps (train.max_epochs / train.max_steps), pick a cheaper instance, "
         "or set budget.allow_over_budget=true to launch anyway (the hard cap still stops the run, with a checkpoint)."
     )

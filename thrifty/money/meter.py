@@ -33,6 +33,7 @@ from thrifty.money.prices.repricing import Repricer, change_from
 from thrifty.procs import process_started
 from thrifty.protocol import ENV_BILLING_START, ENV_JOB_ID, ENV_PRICES, SKYPILOT_JOB_PREFIX
 from thrifty.storage import Store
+from thrifty.numbers import money
 
 log = logging.getLogger("thrifty.money.meter")
 
@@ -185,7 +186,7 @@ class NodeMeter:
         if repricer is not None and not exact:  # an instance no candidate named: metered as what it is
             key = repricer.key
             note = (f"{key.cloud} {key.instance} {'spot' if key.spot else 'on-demand'}, as this node reports (no "
-                    f"candidate named it; ${price.usd_per_hour:.4f}/h, the dearest, if its price cannot be read)")
+                    f"candidate named it; {money(price.usd_per_hour)}/h, the dearest, if its price cannot be read)")
             price = replace(price, cloud=key.cloud, instance=key.instance, spot=key.spot, accelerator="")
         return cls(store, cfg, job_id, price, note, nodes, started, clock, repricer, node)
 

@@ -22,6 +22,7 @@ from thrifty.money.pricing import PricingError, age_note, find_instance
 from thrifty.money.ledger import Attempt
 from thrifty.runs import RunSummary, run_key
 from thrifty.storage import NotFound, Store
+from thrifty.numbers import money
 
 
 def _on_demand_price(a: Attempt) -> float:
@@ -63,7 +64,7 @@ class EarlyStop(BaseModel):
     def line(self) -> str:
         what = (f"{self.epochs_skipped:g} epochs before max_epochs" if self.epochs_skipped is not None
                 else f"{self.steps_skipped} steps before its planned end")
-        return f"stopped {what}; at this run's rate that is ${self.usd:.5f} not spent"
+        return f"stopped {what}; at this run's rate that is {money(self.usd)} not spent"
 
 
 BASIS_VERSION = 2  # 2: the headline compares the same work (early stopping apart); 1 counted skipped epochs in it

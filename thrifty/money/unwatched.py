@@ -17,6 +17,7 @@ from thrifty.money.ledger import METER_STALE_S, Attempt, ledger_rows, read_meter
 from thrifty.money.meter_local import flush
 from thrifty.runs import lease, read_summary
 from thrifty.storage import Store
+from thrifty.numbers import money
 
 # a node's word for its end, as a watcher writes it in the ledger
 END_REASONS = {"finished": "succeeded", "budget": "budget", "signal": "cancelled", "error": "failed"}
@@ -36,7 +37,7 @@ class Settled:
         ended = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(a.ended_unix or 0.0))
         return (f"job {a.job_id} of run {self.run_id} {how} at {ended} while no flow run watched it (its watcher "
                 f"died); its ledger row is closed now: attempt {a.number}, {a.hours() * 60:.1f} min, "
-                f"${a.cost_usd():.4f}")
+                f"{money(a.cost_usd())}")
 
 
 def settle(store: Store, run_id: str, now: float | None = None) -> list[Settled]:

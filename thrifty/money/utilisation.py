@@ -13,6 +13,7 @@ from typing import Iterable
 from thrifty.money.devices import SOURCE, device_spec
 from thrifty.money.pricing import INSTANCES, parse_accelerator
 from thrifty.money.throughput import relative_speed
+from thrifty.numbers import money
 
 IDLE_BUSY_PCT = 50.0  # a GPU busy less than this share of the time on average was too big (or starved) for the run
 MEMORY_HEADROOM = 1.2  # a smaller GPU must hold the peak memory seen with this margin (allocator caches, spikes)
@@ -49,7 +50,7 @@ class Starvation:
 
     def message(self, run_id: str) -> str:
         return (f"run {run_id!r}: the GPU has waited on data {self.share:.0%} of its step time for {self.minutes:.0f} "
-                f"min; that waiting costs about ${self.usd_per_hour:.3f}/h. More data-loading workers, a faster disk "
+                f"min; that waiting costs about {money(self.usd_per_hour)}/h. More data-loading workers, a faster disk "
                 "or a preprocessing cache hit would turn it into training")
 
 
@@ -132,7 +133,7 @@ def right_size(accelerator: str, busy_pct: float | None, memory_peak_gb: float |
     if best is None:
         return None
     line = (f"the GPU was busy {busy_pct:.0f} % of the time: on {best.instance} ({best.accelerator}"
-            f"{', spot' if spot else ''}) this run would have cost about ${best.usd:.4f} instead of "
-            f"${actual_usd:.4f}, assuming a slower GPU only stretches the run where it would be busier than the whole "
+            f"{', spot' if spot else ''}) this run would have cost about {money(best.usd)} instead of "
+            f"{money(actual_usd)}, assuming a slower GPU only stretches the run where it would be busier than the whole "
             "step (runtime x max(1, busy share x speed ratio), speeds from the table's ratios)")
     return Advice(best.instance, best.accelerator, best.usd, actual_usd, line)

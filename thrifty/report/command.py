@@ -12,6 +12,7 @@ from typing import Any
 
 from thrifty.config import RunConfig
 from thrifty.protocol import EXIT_OK
+from thrifty.numbers import amount, money
 
 
 def _print_table(title: str, rows: list[dict[str, Any]], left: tuple[str, ...]) -> None:
@@ -22,7 +23,7 @@ def _print_table(title: str, rows: list[dict[str, Any]], left: tuple[str, ...]) 
     for col in rows[0]:
         table.add_column(col, justify="left" if col in left else "right", no_wrap=col in left[:1])
     for row in rows:
-        table.add_row(*[f"{v:.5f}" if isinstance(v, float) else str(v) for v in row.values()])
+        table.add_row(*[amount(v) if isinstance(v, float) else str(v) for v in row.values()])
     Console(width=None if sys.stdout.isatty() else 200).print(table)  # piped or captured: no clipped figures
 
 
@@ -53,8 +54,8 @@ def report(cfg: RunConfig, by: str | None = None, month: str | None = None, leve
         rows = savings.table(all_figures)
         _print_table(f"Savings in {cfg.store}", [{**r, "state": state_name(r["state"])} for r in rows],
                      ("run", "state", "saved"))
-    print(f"total of {total.runs} run(s){when}: spent ${total.actual_usd:.5f}, {figures_text.NAIVE} "
-          f"${total.naive_usd:.5f}, saved ${total.saved_usd:.5f} ({total.saved_fraction:.0%})")
+    print(f"total of {total.runs} run(s){when}: spent {money(total.actual_usd)}, {figures_text.NAIVE} "
+          f"{money(total.naive_usd)}, saved {money(total.saved_usd)} ({total.saved_fraction:.0%})")
     notes: dict[str, list[str]] = {}
     for f in all_figures:
         for lever, why in figures_text.assumed(f).items():

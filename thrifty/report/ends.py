@@ -9,6 +9,7 @@ is kept. Next: ...``: what happened, what it cost (the ledger's figure), and wha
 from __future__ import annotations
 
 from typing import Literal
+from thrifty.numbers import money
 
 Kind = Literal["completed", "stopped_early", "rung", "budget", "bad_input", "failed", "cancelled", "crashed"]
 
@@ -75,7 +76,7 @@ def sentence(kind: str, run_name: str, spent_usd: float, max_usd: float, detail:
              checkpoint_step: int | None = None, gold: str | None = None, launched: bool = True) -> str:
     """The end, its spend against the budget, the detail (why, what is kept) and the next step, in one sentence."""
     share = f" ({spent_usd / max_usd:.0%})" if max_usd > 0 else ""
-    text = f"run {run_name} {WHAT[kind]}: spent ${spent_usd:.5f} of its ${max_usd:g} budget{share}"
+    text = f"run {run_name} {WHAT[kind]}: spent {money(spent_usd)} of its ${max_usd:g} budget{share}"
     if detail:
         text += f"; {detail.rstrip('.')}"
     return f"{text}. Next: {next_step(kind, run_name, checkpoint_step, gold, launched)}"

@@ -10,6 +10,7 @@ from thrifty.money.budget import spend_usd
 from thrifty.money.ledger import read_attempts
 from thrifty.money.savings import SavingsReport
 from thrifty.storage import Store
+from thrifty.numbers import money
 
 NAIVE = "the same work on-demand, in fp32, without the preprocessing cache"
 
@@ -32,8 +33,8 @@ def assumed_note(figures: SavingsReport) -> str:
 def headline(figures: SavingsReport) -> str:
     """Spend against the same work done the naive way: 'spent $X; the same work ... $Y: saved $Z (P%)'."""
     note = assumed_note(figures)
-    return (f"spent ${figures.actual_usd:.5f}; {NAIVE}: ${figures.naive_usd:.5f}, so saved "
-            f"${figures.saved_usd:.5f} ({figures.saved_fraction:.0%})" + (f" ({note})" if note else ""))
+    return (f"spent {money(figures.actual_usd)}; {NAIVE}: {money(figures.naive_usd)}, so saved "
+            f"{money(figures.saved_usd)} ({figures.saved_fraction:.0%})" + (f" ({note})" if note else ""))
 
 
 def early_stop_line(figures: SavingsReport) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from thrifty.numbers import metric
 from thrifty.runs.reuse import HalfExport, WarmStart
 
 
@@ -24,5 +25,5 @@ def export_text(export: HalfExport) -> str:
     mib = lambda n: f"{n / 2**20:.2f} MiB"  # noqa: E731
     return (f"{export.dtype} `{export.key}`: {mib(export.bytes)} (fp32 {mib(export.fp32_bytes)}, whole checkpoint "
             f"{mib(export.source_bytes)}), sha256 `{export.sha256[:12]}…`; {export.metric} "
-            f"{export.half[export.metric]:.4f} against {export.full[export.metric]:.4f} "
+            f"{metric(export.half[export.metric])} against {metric(export.full[export.metric])} "
             f"({export.relative_difference:.3%} apart, tolerance {export.tolerance:.2%})")

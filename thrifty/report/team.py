@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from thrifty.config import ConfigError
+from thrifty.numbers import amount
 from thrifty.money.savings import SavingsReport
 
 UNTAGGED = "(untagged)"
@@ -91,5 +92,5 @@ def markdown(title: str, rows: list[dict[str, Any]]) -> str:
         return f"### {title}\n\n_no runs with spend yet_\n"
     head = list(rows[0])
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(f"{v:.5f}" if isinstance(v, float) else str(v) for v in r.values()) + " |" for r in rows]
+    lines += ["| " + " | ".join(amount(v) if isinstance(v, float) else str(v) for v in r.values()) + " |" for r in rows]
     return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ from thrifty.money.pricing import accelerator_of
 from thrifty.money.utilisation import right_size
 from thrifty.runs import RunSummary, run_key
 from thrifty.storage import NotFound, Store, StoreError
+from thrifty.numbers import money
 
 TOP_OPS = 8
 
@@ -37,10 +38,10 @@ def utilisation_rows(u: dict[str, Any], run_usd: float) -> list[tuple[str, str]]
         rows.append(("process CPU", f"{u['cpu_pct']:.0f} % (100 = one core)"))
     if "data_wait_share" in u:
         rows.append(("waiting for data", f"{u['data_wait_share']:.1%} of step time, about "
-                     f"${u['data_wait_share'] * run_usd:.5f} of this run"))
+                     f"{money(u['data_wait_share'] * run_usd)} of this run"))
     if "checkpoint_share" in u:
         rows.append(("checkpointing", f"{u['checkpoint_share']:.1%} of step time, about "
-                     f"${u['checkpoint_share'] * run_usd:.5f} of this run"))
+                     f"{money(u['checkpoint_share'] * run_usd)} of this run"))
     if "achieved_tflops" in u:
         mfu = (f"; MFU {u['mfu']:.1%} of the {u['mfu_basis']}" if "mfu" in u else
                f" on {u.get('device_name', 'this device')} (no peak in the table: no MFU)")
@@ -59,7 +60,7 @@ def cost_map_lines(profile: dict[str, Any], run_usd: float | None) -> list[str]:
     for op in ops[:TOP_OPS]:
         usd = op["share"] * run_usd if run_usd else op.get("projected_usd")
         lines.append(f"- `{op['name']}`: {op['share']:.0%} of step time"
-                     + (f", about ${usd:.5f} of this run" if usd is not None else ""))
+                     + (f", about {money(usd)} of this run" if usd is not None else ""))
     return lines + [""]
 
 

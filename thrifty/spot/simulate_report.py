@@ -6,6 +6,7 @@ import math
 from html import escape
 
 from thrifty.spot.simulate import Simulation
+from thrifty.numbers import money
 
 
 def _h(seconds: float) -> str:
@@ -51,8 +52,8 @@ def table_text(sim: Simulation) -> str:
                  + f"{sim.on_demand_usd:>9.3f} {0:>7.3f} {0:>8.2f}")
     saved = 1 - c.usd / sim.on_demand_usd if sim.on_demand_usd else 0.0
     lines += ["", f"chosen: checkpoint_every: {c.interval_steps} (~{_every(c.interval_s)} of compute): expected "
-                  f"{c.wall_s / 3600:.3f} h and ${c.usd:.3f} on spot, {c.restarts:.1f} preemptions, "
-                  f"{c.lost_s / 3600:.3f} h lost; on-demand ${sim.on_demand_usd:.3f} in {sim.on_demand_wall_s / 3600:.3f} h "
+                  f"{c.wall_s / 3600:.3f} h and {money(c.usd)} on spot, {c.restarts:.1f} preemptions, "
+                  f"{c.lost_s / 3600:.3f} h lost; on-demand {money(sim.on_demand_usd)} in {sim.on_demand_wall_s / 3600:.3f} h "
                   f"({saved:.0%} {'saved' if saved >= 0 else 'more'} on spot). Daly's interval for a mean of "
                   f"{sim.mean_between_s / 3600:.2f} h: {sim.daly_steps} steps."]
     if c.daly_wall_s is not None:
@@ -100,7 +101,7 @@ def chart_svg(sim: Simulation, width: int = 720, height: int = 420) -> str:
     od = py(sim.on_demand_usd)
     out.append(f'<line x1="{left}" y1="{od:.1f}" x2="{left + pw}" y2="{od:.1f}" stroke="#888" stroke-dasharray="6,4"/>'
                f'<text x="{left + pw - 4}" y="{od - 5:.1f}" text-anchor="end" fill="#555">on-demand '
-               f'${sim.on_demand_usd:.3f}</text>')
+               f'{money(sim.on_demand_usd)}</text>')
     daly = [(px(x), py(r.daly_wall_s / 3600 * sim.plan.spot_usd_per_hour)) for x, r in zip(xs, rows) if r.daly_wall_s]
     if daly:
         out.append('<polyline fill="none" stroke="#d62728" stroke-width="1.5" stroke-dasharray="2,3" points="'
@@ -109,12 +110,12 @@ def chart_svg(sim: Simulation, width: int = 720, height: int = 420) -> str:
                + " ".join(f"{px(x):.1f},{py(r.usd):.1f}" for x, r in zip(xs, rows)) + '"/>')
     for x, r in zip(xs, rows):
         out.append(f'<circle cx="{px(x):.1f}" cy="{py(r.usd):.1f}" r="3" fill="#1f77b4">'
-                   f'<title>every {r.interval_steps} steps: ${r.usd:.3f}, {r.wall_s / 3600:.3f} h</title></circle>')
+                   f'<title>every {r.interval_steps} steps: {money(r.usd)}, {r.wall_s / 3600:.3f} h</title></circle>')
     c = sim.chosen
     cx, cy = px(math.log10(c.interval_s)), py(c.usd)
     out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="7" fill="none" stroke="#2ca02c" stroke-width="2"/>'
                f'<text x="{cx:.1f}" y="{cy + 22:.1f}" text-anchor="middle" fill="#2ca02c">chosen: every '
-               f'{c.interval_steps} steps, ${c.usd:.3f}</text>')
+               f'{c.interval_steps} steps, {money(c.usd)}</text>')
     legend = [("#1f77b4", "simulated (spot)", "")] + ([("#d62728", "Daly closed form", "2,3")] if daly else [])
     for i, (color, text, dash) in enumerate(legend):
         y = top + 12 + 16 * i

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from thrifty.sweep.scheduler import TrialState
+from thrifty.numbers import money
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,12 @@ def need_for(estimate_usd: float, estimate_hours: float, reserve_usd: float, gpu
     usd = max(estimate_usd, measured_usd_per_epoch * epochs)
     hours = max(estimate_hours, measured_hours_per_epoch * epochs)
     source = "measured by earlier trials of its shape" if measured_usd_per_epoch * epochs > estimate_usd else "estimated"
-    why = (f"${usd:.5f} {source} for {epochs} epoch(s) x {factor:g} headroom + ${reserve_usd:.5f} held back "
+    why = (f"{money(usd)} {source} for {epochs} epoch(s) x {factor:g} headroom + {money(reserve_usd)} held back "
            "to stop in")
     allowance = factor * usd + reserve_usd
     if first_checkpoint_usd > allowance:
         allowance = first_checkpoint_usd
-        why += f", raised to ${first_checkpoint_usd:.5f}: what its first checkpoint may cost at the estimate's high end"
+        why += f", raised to {money(first_checkpoint_usd)}: what its first checkpoint may cost at the estimate's high end"
     return Need(usd=allowance, gpu_hours=factor * hours * gpus, hours=factor * hours, why=why)
 
 
@@ -62,7 +63,7 @@ def refusal(need: Need, trials: list[TrialState], max_usd: float, max_gpu_hours:
     """Why the job cannot be launched under the caps, or None when it can."""
     left = max_usd - committed_usd(trials)
     if need.usd > left:
-        return (f"the search's budget cannot cover it: ${need.usd:.5f} needed ({need.why}), ${left:.5f} of "
+        return (f"the search's budget cannot cover it: {money(need.usd)} needed ({need.why}), {money(left)} of "
                 f"max_usd ${max_usd:g} left after what the trials spent and what those in flight may spend")
     if max_gpu_hours is not None:
         gpu_left = max_gpu_hours - committed_gpu_hours(trials)

@@ -9,25 +9,33 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from thrifty.config import ConfigError, RunConfig, build_config, format_validation_error
+from thrifty.config import SWEEP_NAME_PATTERN, ConfigError, RunConfig, build_config, format_validation_error
 from thrifty.config.base import _Frozen
+from thrifty.config.run import RUN_NAME_FORM
 from thrifty.sweep.space import ParamSpec, apply, check_path, check_spec, sample, shapes_model
 
-SWEEP_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,57}$"  # + '-t000' stays within a run_name's 63 characters
+
+class TrialBase(RunConfig):
+    """A sweep's base RunConfig: a RunConfig whose run_name says what it is in a search (each trial is named after
+    the sweep), so the sweep form describes it right."""
+
+    run_name: str = Field(
+        "digits-demo", min_length=1, pattern=RUN_NAME_FORM,
+        description="Not used by a sweep: each trial trains as its own run, named after the sweep (NAME-t000, "
+        "NAME-t001, ...), and resumes under that name. Leave it as it is.")
 
 
 class SweepConfig(_Frozen):
     """A search over RunConfig fields that cannot spend more than its caps."""
 
-    name: str = Field("digits-sweep", min_length=1,  # its pattern is checked below (the UI shows a schema's raw regex)
+    name: str = Field("digits-sweep", min_length=1, pattern=SWEEP_NAME_PATTERN,
                       description="The sweep id: trials train as runs NAME-t000, NAME-t001, ... and its state lives "
                       "under STORE/sweeps/NAME/; the same name resumes the search. 1-58 letters, digits, '.', '_', '-'.")
-    base: RunConfig = Field(default_factory=RunConfig, description="The RunConfig every trial starts from (its "
+    base: TrialBase = Field(default_factory=TrialBase, description="The RunConfig every trial starts from (its "
                             "run_name is replaced by the trial's, its budget by the trial's share of the caps).")
     space: dict[str, ParamSpec] = Field(
         default_factory=lambda: {"train.lr": {"log_uniform": [1e-4, 1e-2]}},  # type: ignore[dict-item]
@@ -51,14 +59,6 @@ class SweepConfig(_Frozen):
                                      "later than this many hours after the search first started (hours).")
     reserve_factor: float = Field(1.5, ge=1.0, le=10.0, description="Each launch reserves this multiple of its "
                                   "estimated cost to reach its milestone (headroom for a slow machine).")
-
-    @field_validator("name")
-    @classmethod
-    def _name_form(cls, v: str) -> str:
-        if not re.fullmatch(SWEEP_NAME_PATTERN, v):
-            raise ValueError("name must be 1-58 letters, digits, '.', '_' or '-', starting with a letter or digit "
-                             "(trial runs are NAME-t000, ...)")
-        return v
 
     @field_validator("space", mode="before")
     @classmethod

@@ -10,6 +10,7 @@ from xml.sax.saxutils import escape
 
 from pydantic import BaseModel
 
+from thrifty.numbers import metric as fmt_metric
 from thrifty.report.chart import HEIGHT, PAD_B, PAD_L, PAD_R, PAD_T, TEXT, WIDTH, fmt_usd, frame, scale
 from thrifty.sweep.scheduler import TrialState
 
@@ -94,7 +95,7 @@ def svg(points: list[ChartPoint], mode: str, metric: str, max_usd: float | None 
     text = TEXT
     parts = frame(POINT_COLOUR) + [
         f'<text x="{PAD_L}" y="18" {text} fill="{POINT_COLOUR}">{escape(metric)} at each milestone; best so far '
-        f'{best:.4f}</text>',
+        f'{fmt_metric(best)}</text>',
         f'<text x="{PAD_L - 6}" y="{PAD_T + 4}" {text} fill="{POINT_COLOUR}" text-anchor="end">{hi:.3g}</text>',
         f'<text x="{PAD_L - 6}" y="{bottom}" {text} fill="{POINT_COLOUR}" text-anchor="end">{lo:.3g}</text>',
         f'<text x="{PAD_L}" y="{HEIGHT - 12}" {text} fill="#374151">$0</text>',

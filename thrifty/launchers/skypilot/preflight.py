@@ -12,6 +12,7 @@ import yaml
 from thrifty.config import ConfigError, RunConfig
 from thrifty.launchers.skypilot.candidates import KUBERNETES
 from thrifty.launchers.skypilot.task import build_task, candidates, store_mount_source, task_config
+from thrifty.numbers import money
 
 log = logging.getLogger("thrifty.launch")
 
@@ -113,7 +114,7 @@ def preflight(cfg: RunConfig, environ: dict[str, str] | None = None) -> None:
     if cands and not any(k.within_cap for k in cands):
         cheapest = min(k.quote.usd_per_hour for k in cands)
         problems.append(f"'compute.max_hourly_cost': ${c.max_hourly_cost:g}/h is below every candidate "
-                        f"(cheapest ${cheapest:.3f}/h per node); raise it or add cheaper accelerators")
+                        f"(cheapest {money(cheapest)}/h per node); raise it or add cheaper accelerators")
     endpoint = remote_api_server(environ)
     if endpoint is None:
         for cloud in c.clouds:

@@ -16,6 +16,7 @@ from thrifty.config import ConfigError, RunConfig
 from thrifty.money.estimate import PROVISIONING_S
 from thrifty.launchers.skypilot.candidates import Candidate
 from thrifty.money.throughput import Speeds
+from thrifty.numbers import money
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,8 @@ class Costed:
 
     def cost_text(self) -> str:
         if self.usd is None:
-            return f"${self.candidate.usd_per_hour:.3f}/h at {self.examples_per_s:.3g}x an A10G's speed"
-        return f"${self.usd:.2f} for ~{self.hours:.2g} h"
+            return f"{money(self.candidate.usd_per_hour)}/h at {self.examples_per_s:.3g}x an A10G's speed"
+        return f"{money(self.usd)} for ~{self.hours:.2g} h"
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class Ranking:
             speedup = win.examples_per_s / cheaper_hourly.examples_per_s
             return (f"{win.label()}: {win.cost_text()} beats {cheaper_hourly.label()}: {cheaper_hourly.cost_text()}; "
                     f"{cheaper_hourly.candidate.accelerator.split(':')[0]} is cheaper per hour "
-                    f"(${cheaper_hourly.candidate.usd_per_hour:.3f}/h vs ${win.candidate.usd_per_hour:.3f}/h) but "
+                    f"({money(cheaper_hourly.candidate.usd_per_hour)}/h vs {money(win.candidate.usd_per_hour)}/h) but "
                     f"{win.candidate.accelerator.split(':')[0]} is ~{speedup:.1f}x faster, so it costs less {basis}")
         runner = others[0]
         return (f"{win.label()} wins: {win.cost_text()}, cheapest per hour and {basis}; next "
@@ -115,7 +116,7 @@ def rank(cfg: RunConfig, cands: list[Candidate], speeds: Speeds, examples: float
         raise ConfigError(
             f"'compute.deadline_h': no candidate can finish the run within {deadline:g} h; the fastest, "
             f"{fastest.label()}, needs ~{fastest.hours:.2f} h ({fastest.how}; {startup_s(cfg):g} s of start-up) at "
-            f"${fastest.usd:.2f}. Raise compute.deadline_h, add a faster accelerator to compute.accelerators, or "
+            f"{money(fastest.usd)}. Raise compute.deadline_h, add a faster accelerator to compute.accelerators, or "
             "train fewer steps (train.max_epochs / train.max_steps); nothing was launched.")
     spot_first = c.use_spot and c.on_demand_fallback  # on-demand is the fallback, not a peer
     # a Kubernetes candidate has no spot market, so it is never a fallback: it ranks among the spot ones
