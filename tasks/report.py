@@ -122,11 +122,17 @@ def render_summary(run_id: str, prep: PrepResult | None, smoke: SmokeResult | No
         f"Actual **{money(figures.actual_usd)}** against **{money(figures.naive_usd)}** for {figures_text.NAIVE}: "
         f"saved {money(figures.saved_usd)} ({figures.saved_fraction:.0%}).",
         "",
-        "| lever | saved $ | how it was priced |",
+        "| lever | saved $ | priced |",
         "|---|---:|---|",
-        *[f"| {k.replace('_', ' ')} | {amount(v)} | {basis} |" for k, v, basis in figures_text.lever_rows(figures)],
-        f"| preemption waste ({figures.preemption_waste.steps} steps recomputed) | "
-        f"{amount(-figures.preemption_waste.usd)} | measured: the steps trained twice, at the run's rate |",
+        *[f"| {k.replace('_', ' ')} | {amount(v)} | {basis.partition(':')[0]} |"
+          for k, v, basis in figures_text.lever_rows(figures)],
+        f"| preemption waste ({figures.preemption_waste.steps} steps) | {amount(-figures.preemption_waste.usd)} "
+        "| measured |",
+        "",
+        "How each lever was priced (the table's cells stay short, so it fits the page):",
+        "",
+        *[f"- {k.replace('_', ' ')}: {basis}" for k, _, basis in figures_text.lever_rows(figures)],
+        "- preemption waste: measured: the steps trained twice (recomputed after a resume), at the run's rate",
         "",
         *([f"Early stopping (not in the figures above): {early}.", ""] if early else []),
         "Assumptions:",

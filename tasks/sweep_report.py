@@ -6,7 +6,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from tasks.report import artifact_key
-from thrifty.numbers import amount, metric as fmt_metric, pairs
+from thrifty.numbers import amount, cut, metric as fmt_metric, pairs
 from thrifty import archive
 from thrifty.runs import checkpoints
 from thrifty.report.chart import markdown_image, spend_at
@@ -67,6 +67,13 @@ def no_best(trials: list[TrialState], mode: str, metric: str) -> str:
             "to train it on.")
 
 
+def shown(row: dict) -> dict:
+    """A leaderboard row as the table artifact shows it: dollars and metrics to 4 significant digits, the note cut to
+    fit its column (the flow's result keeps the full row)."""
+    return {k: cut(v) if k == "note" else amount(v) if k.endswith("$") and v is not None
+            else fmt_metric(v) if isinstance(v, float) else v for k, v in row.items()}
+
+
 @task(name="sweep-report", retries=0)
 def sweep_report(config: SweepConfig, state: SweepState, gold: str | None) -> SweepResult:
     """The leaderboard (a table artifact) and the summary with the metric-against-spend chart (markdown)."""
@@ -75,7 +82,7 @@ def sweep_report(config: SweepConfig, state: SweepState, gold: str | None) -> Sw
     rows = leaderboard(trials, mode, metric)
     money = saving(trials, config.full_epochs)
     best = next((t for t in trials if t.index == state.best), None)
-    create_table_artifact(rows, key=artifact_key(config.name, "sweep"),
+    create_table_artifact([shown(r) for r in rows], key=artifact_key(config.name, "sweep"),
                           description=f"Sweep {config.name}: trials by rung reached and {metric}")
     lines = [f"# Sweep {config.name}", "",
              f"**Best**: {best.run_name} ({pairs(best.values)}): {metric} {fmt_metric(best.ranking_value())} (trained to its "
@@ -87,7 +94,7 @@ def sweep_report(config: SweepConfig, state: SweepState, gold: str | None) -> Sw
                             f"{metric} against the search's spend"), "",
              "| trial | values | epochs | " + metric + " | cost $ | state | note |", "|---|---|---:|---:|---:|---|---|"]
     lines += [f"| {r['trial']} | {pairs(t.values)} | {r['epochs']} | "
-              f"{fmt_metric(r[metric])} | {amount(r['cost $'])} | {r['state']} | {r['note']} |"
+              f"{fmt_metric(r[metric])} | {amount(r['cost $'])} | {r['state']} | {cut(r['note'])} |"
               for r, t in ((r, next(x for x in trials if x.run_name == r["trial"])) for r in rows)]
     lines += ["", "Decisions:", ""] + [f"- {d}" for d in state.decisions[-60:]]
     create_markdown_artifact("\n".join(lines) + "\n", key=artifact_key(config.name, "sweep-summary"),

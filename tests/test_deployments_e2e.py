@@ -265,6 +265,21 @@ def test_a_deployed_run_stopped_at_its_cap_ends_failed_with_its_report(deployed,
     assert spent <= cap, f"spent ${spent:.4f} of ${cap}"
     report = savings.read(s, run_name)
     assert report is not None and report.state == "budget"
+    # the capped run's summary, as the UI draws it, fits the artifact pane (it was 1,636 px wide in 828)
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from browser import browser_page, too_wide
+
+    with deployed.client() as client:
+        [summary] = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
+            any_=[f"thrifty-summary-{run_name}"])))
+    with browser_page(deployed.url) as page:
+        page.goto(f"/artifacts/artifact/{summary.id}")
+        page.get_by_text("Loss and spend").first.wait_for()
+        assert page.get_by_text("stopped at its budget cap").first.is_visible()
+        wide = too_wide(page)
+        page.screenshot(path=str(tmp_path / "capped-summary.png"), full_page=True)
+        assert not wide, f"the capped run's summary must fit without scrolling sideways: {wide}"
 
 
 

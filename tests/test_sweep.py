@@ -432,6 +432,9 @@ def test_killed_search_resumes_and_finds_the_known_answer(prefect_harness, e2e_s
     arts = latest_artifacts("thrifty-sweep-lr", "thrifty-sweep-summary-lr")
     table = arts["thrifty-sweep-lr"].data
     assert "cost $" in table and "cumulative $" in table and "lr-t00" in table
+    shown = [v for row in (json.loads(table) if isinstance(table, str) else table) for v in row.values()]
+    decimals = [v for v in shown if isinstance(v, (str, float)) and re.fullmatch(r"-?\d+\.\d+", str(v))]
+    assert decimals and all(len(str(v).strip("-").replace(".", "").lstrip("0")) <= 4 for v in decimals), shown
     summary = arts["thrifty-sweep-summary-lr"].data
     assert "saved" in summary and "data:image/svg+xml;base64," in summary and out.best_run in summary
     print(f"resume took {resume_s:.1f} s; spent ${out.spent_usd:.5f}, all to the end ~${out.full_usd:.5f}")

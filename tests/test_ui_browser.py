@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -24,24 +23,10 @@ from typing import Any, Iterator
 
 import pytest
 
+from browser import browser_page, too_wide
 from prefect_server import Server, tail, wait_final
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-CHROMIUM = os.environ.get("THRIFTY_CHROMIUM", "/usr/bin/chromium")
-INSTALL = "apt-get update && apt-get install -y chromium"
-LOOPBACK = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?/")
-TIMEOUT_MS = 90_000  # what a page may take to show a thing: a machine loaded 4x over (CPU hogs beside the suite) is slow
-
-
-def require_chromium() -> str:
-    """The system browser: a missing one fails loudly with the command that installs it (never skipped)."""
-    path = CHROMIUM if os.path.isabs(CHROMIUM) else shutil.which(CHROMIUM)
-    if not path or not os.access(path, os.X_OK):
-        pytest.fail(f"no chromium at {CHROMIUM}: install Debian's with `{INSTALL}` (.ci/run does), or point "
-                    "THRIFTY_CHROMIUM at one. Playwright's own browser download cannot work offline.")
-    return path
-
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory, request) -> Path:
@@ -61,29 +46,8 @@ def ui(deployed_ui_server: Server) -> Server:
 
 @pytest.fixture(scope="module")
 def page(ui: Server, shots: Path) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    executable = require_chromium()
-    blocked: list[str] = []
-
-    def loopback_only(route: Any) -> None:
-        url = route.request.url
-        if LOOPBACK.match(url) or url.startswith(("data:", "blob:", "about:")):
-            route.continue_()
-        else:
-            blocked.append(url)
-            route.abort()
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
-        context = browser.new_context(viewport={"width": 1400, "height": 1000}, base_url=ui.url)
-        context.route("**/*", loopback_only)
-        context.set_default_timeout(TIMEOUT_MS)
-        pg = context.new_page()
-        pg.blocked = blocked
+    with browser_page(ui.url) as pg:
         yield pg
-        context.close()
-        browser.close()
 
 
 def snap(page: Any, shots: Path, name: str, full: bool = True) -> Path:
@@ -220,19 +184,14 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     page.goto(f"/artifacts/artifact/{keys[attempts_key]}")
     page.get_by_text("preempted", exact=True).first.wait_for()
     page.get_by_text("succeeded", exact=True).first.wait_for()
-    assert _fits(page), "the attempts table must fit without scrolling sideways"
+    assert not too_wide(page), ("the attempts table must fit without scrolling sideways", too_wide(page))
     snap(page, shots, "05-attempts-artifact")
 
     page.goto(f"/artifacts/artifact/{keys['thrifty-savings']}")
     page.get_by_text(run_name, exact=True).first.wait_for()
-    assert _fits(page), "the savings table must fit without scrolling sideways"
+    assert not too_wide(page), ("the savings table must fit without scrolling sideways", too_wide(page))
     snap(page, shots, "06-savings-artifact")
     assert not page.blocked, f"the UI tried to reach beyond loopback: {page.blocked[:5]}"
-
-
-def _fits(page: Any) -> bool:
-    return page.evaluate("() => [...document.querySelectorAll('table')].every(t => "
-                         "t.parentElement.scrollWidth <= t.parentElement.clientWidth + 1)")
 
 
 def test_a_bad_value_gets_a_clear_toast_and_a_bad_name_the_rule(ui, page, shots):

@@ -8,6 +8,7 @@ from typing import Any
 
 from thrifty.archive.plan import GIB, Item, Plan
 from thrifty.archive.store import Outcome
+from thrifty.numbers import cut
 from thrifty.money.pricing import PricingError, StorageTierPrice, storage_cloud, storage_price
 
 # ------------------------------------------------------------------------------------------- money and text
@@ -96,7 +97,7 @@ def markdown(p: Plan, outcome: Outcome | None = None, max_rows: int | None = Non
     rows = sorted(groups.items())
     for (action, group, reason), members in rows[:max_rows]:
         lines.append(f"| {action} | `{group}` | {len(members)} | {human_bytes(sum(m.size for m in members))} | "
-                     f"{reason} |")
+                     f"{cut(reason)} |")
     if max_rows is not None and len(rows) > max_rows:
         lines.append(f"\n{len(rows) - max_rows} more rows; `thrifty archive` (a dry run) lists them all.")
     if outcome is not None and outcome.failed:
