@@ -48,13 +48,13 @@ def archive_run_name() -> str:
 def name_upcoming(logger: logging.Logger | logging.LoggerAdapter) -> None:
     """Give this run's deployment's upcoming runs the names they will run under (the scheduler adds one with a
     random name as each run leaves the queue). Best effort: a failure is a warning, never the run's."""
-    from prefect.runtime import flow_run
-
-    deployment_id = flow_run.deployment_id
-    if deployment_id is None:
-        return
     try:
         from prefect.client.orchestration import get_client
+        from prefect.runtime import deployment
+
+        deployment_id = deployment.id
+        if deployment_id is None:  # a search's trial, a run of `thrifty run`: no deployment, no schedule
+            return
 
         from deployments.upcoming import name_upcoming_runs
 

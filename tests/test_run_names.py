@@ -99,19 +99,33 @@ def test_a_deployment_without_schedules_is_left_alone():
 
 def test_naming_the_upcoming_runs_never_fails_a_run(monkeypatch, caplog):
     import prefect.client.orchestration
-    from prefect.runtime import flow_run
+    from prefect.runtime import deployment
 
     from flows.run_names import upcoming_named
 
     def refused(*_, **__):
         raise RuntimeError("server down")
 
-    monkeypatch.setitem(flow_run.FIELDS, "deployment_id", lambda: str(uuid4()))
+    monkeypatch.setitem(deployment.FIELDS, "id", lambda: str(uuid4()))
     monkeypatch.setattr(prefect.client.orchestration, "get_client", refused)
     logger = logging.getLogger("test-run-names")
     with caplog.at_level(logging.WARNING, logger="test-run-names"), upcoming_named(logger):
         pass
     assert caplog.text.count("could not name this deployment's upcoming flow runs (server down)") == 2
+
+
+def test_a_run_without_a_deployment_names_nothing(monkeypatch, caplog):
+    import prefect.client.orchestration
+
+    from flows.run_names import name_upcoming
+
+    def unexpected(*_, **__):
+        raise AssertionError("no deployment: no client")
+
+    monkeypatch.setattr(prefect.client.orchestration, "get_client", unexpected)
+    with caplog.at_level(logging.INFO, logger="test-run-names"):
+        name_upcoming(logging.getLogger("test-run-names"))  # outside any run: prefect.runtime.deployment.id is None
+    assert not caplog.records, caplog.text
 
 
 def test_deploy_says_when_it_could_not_name_the_upcoming_runs(monkeypatch):
