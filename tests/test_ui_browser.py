@@ -200,13 +200,12 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
                  f"Thrifty run {run_name}: its first flow run", r"spent \$[0-9.]+ of its \$1 budget"):
         assert re.search(line, shown), f"{line!r} not in the run's logs in the UI:\n{run_logs(ui, flow_run_id)}"
     assert "Traceback" not in shown
+    # the tag is no link in the UI: the first log line carries the address of the runs page filtered by it
+    runs_link = page.locator(f'a[href*="/runs?tag=thrifty-run%3A{run_name}&"]')
+    assert runs_link.count() == 1, "the start log line's link to every flow run of the run"
     page.get_by_text("Artifacts", exact=True).first.click()  # the progress cards say spend against the budget
     page.get_by_text(re.compile(r"\$[0-9.]+ of \$1 budget \(\d+%\)")).first.wait_for()
     snap(page, shots, "03b-flow-run-artifacts", full=False)
-
-    # the tag is no link in the UI: the first log line carries the address of the runs page filtered by it
-    runs_link = page.get_by_role("link", name=re.compile(re.escape(f"/runs?tag=thrifty-run%3A{run_name}&")))
-    assert runs_link.count() == 1, "the start log line's link to every flow run of the run"
 
     keys = artifact_ids(ui, flow_run_id)
     summary_key, attempts_key = f"thrifty-summary-{run_name}", f"thrifty-attempts-{run_name}"
@@ -222,8 +221,10 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     assert "-0.00000" not in text and "0.0 h" not in text
     assert re.search(r"best val_loss\s+\d+\.\d{4} at step", text), "best val_loss rounded like the final one"
     snap(page, shots, "04-summary-artifact")
-    page.get_by_role("link", name=f"Every flow run of {run_name}").click()  # the summary's link to the run's runs
-    page.wait_for_url(re.compile(r"/runs\?"))
+    link = page.get_by_role("link", name=f"Every flow run of {run_name}")  # the summary's link to the run's runs
+    href = link.get_attribute("href")
+    assert href and href.startswith(f"{ui.url}/runs?tag=thrifty-run%3A{run_name}&"), href
+    page.goto(href)  # (the UI opens an artifact's links in a new tab)
     page.get_by_text("1 run", exact=True).first.wait_for()  # exactly the tagged one ("one submit, one flow run")
     page.get_by_text(run_name, exact=True).first.wait_for()
     assert page.get_by_text(f"thrifty-run:{run_name}").count() >= 1, "the filter names the tag"
