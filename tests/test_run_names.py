@@ -14,7 +14,13 @@ import pytest
 from deployments.upcoming import name_upcoming_runs
 from tasks.links import RUNS_FROM, RUNS_TO, runs_page_path
 from thrifty.config import RunConfig
-from thrifty.runs.names import ARCHIVE_FLOW, TRAIN_FLOW, archive_name, flow_run_name, train_name
+from thrifty.runs.names import (
+    ARCHIVE_FLOW,
+    TRAIN_FLOW,
+    archive_name,
+    flow_run_name,
+    train_name,
+)
 
 UTC = dt.timezone.utc
 NY = dt.timezone(dt.timedelta(hours=-5))  # New York in winter
