@@ -4,7 +4,8 @@
 ``kubernetes`` (deployments/prefect.<type>.yaml: flow runs in the image the top-level Dockerfile builds).
 
 `thrifty deploy` calls :func:`deploy_all`. Each step is one function that raises :class:`DeployError`
-with a message saying what to change. The last step installs deployments/automations.yaml.
+with a message saying what to change. After the deploy, the scheduled deployments' upcoming runs are scheduled and
+named as they will run (deployments.upcoming); the last step installs deployments/automations.yaml.
 The server is whatever PREFECT_API_URL names: a laptop's `prefect server start` (SQLite) or a team's server on
 PostgreSQL (its PREFECT_API_DATABASE_CONNECTION_URL; deployments/docker-compose.postgres.yml), served by any
 number of workers; ``--pool-concurrency N`` caps the flow runs the pool runs at once across all of them.
@@ -29,6 +30,9 @@ WORK_POOL = "thrifty-process"  # prefect.yaml's deployments name this pool; a te
 WORK_POOL_TYPE = "process"  # runs flows as subprocesses of the worker: no Docker or cluster needed
 PREFECT_FILE = "prefect.yaml"
 WEBHOOK_SECRET = "webhook_url"  # the key of the custom-webhook block's secrets that holds --alerts-webhook's URL
+# schedule slugs prefect.yaml no longer declares (they became the names the deployment page shows): `prefect deploy`
+# keeps a schedule whose slug is gone and adds the renamed one beside it, and its `replaces:` fails every later deploy
+RETIRED_SCHEDULE_SLUGS = ("nightly-0300", "weekly-sun-0500")
 IMAGE = "thrifty:0.1.0"  # the tag README says to build the Dockerfile with; the docker/kubernetes variants run it
 
 
@@ -186,6 +190,38 @@ def run_prefect_deploy(project_dir: Path, prefect_file: str = PREFECT_FILE) -> N
         raise DeployError(f"`prefect deploy --all` failed with exit code {proc.returncode}; its output is above")
 
 
+def name_upcoming_runs(deployment_names: list[str], pool: str) -> list[str]:
+    """Schedule the upcoming runs of the scheduled deployments among ``deployment_names`` (in ``pool``) now, and
+    give them the names they will run under; returns one line per deployment. Never raises: the deploy stands, and a
+    failure is a line that says the runs will be named when the next one starts."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, WorkPoolFilter, WorkPoolFilterName
+
+    from deployments.upcoming import name_upcoming_runs as rename, schedule_runs, upcoming_runs
+
+    lines = []
+    try:
+        with get_client(sync_client=True) as client:
+            found = client.read_deployments(deployment_filter=DeploymentFilter(
+                name=DeploymentFilterName(any_=deployment_names)), work_pool_filter=WorkPoolFilter(
+                name=WorkPoolFilterName(any_=[pool])))
+            for deployment in sorted(found, key=lambda d: d.name):
+                for schedule in deployment.schedules:
+                    if schedule.slug in RETIRED_SCHEDULE_SLUGS:  # a deploy adds a renamed schedule beside the old
+                        client.delete_deployment_schedule(deployment.id, schedule.id)
+                if not [s for s in deployment.schedules if s.slug not in RETIRED_SCHEDULE_SLUGS]:
+                    continue
+                schedule_runs(client, deployment.id)  # the deploy deleted the runs scheduled under the old version
+                rename(client, deployment.id)
+                runs = upcoming_runs(client, deployment.id)
+                lines.append(f"upcoming runs of {deployment.name}: {', '.join(r.name for r in runs[:3]) or 'none scheduled'}"
+                             + (f" and {len(runs) - 3} more" if len(runs) > 3 else ""))
+    except Exception as exc:  # noqa: BLE001 - the names are a courtesy; each run takes its own when it starts
+        lines.append(f"could not name the upcoming runs ({redact_urls(str(exc))[:300]}); each scheduled run names "
+                     "the next ones when it starts")
+    return lines
+
+
 def create_webhook_block(url: str, ref: str | None) -> str:
     """Save a custom-webhook notification block posting alerts to ``url`` (JSON ``{"text": ...}``, which Slack,
     Mattermost and most chat webhooks take); returns its ``type/name``."""
@@ -317,6 +353,8 @@ def deploy_all(project_dir: str | Path = ".", pool: str | None = None,
             echo(f"notification block {alerts_block} saved: failure alerts post to it")
         run_prefect_deploy(project_dir, kind.prefect_file)
         tidy_forms(sorted(pools))
+        for line in name_upcoming_runs(sorted(pools), pool):
+            echo(line)
         installed = install_automations(alerts_block, skipped)
         echo(f"automations installed: {', '.join(installed) or 'none'}")
     except DeployError as exc:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
-from flows.run_names import archive_run_name
+from flows.run_names import archive_run_name, upcoming_named
 from tasks.archive import move_to_cold, publish_report, scan_store
 from thrifty.archive import build_settings
 
@@ -32,9 +32,10 @@ def archive_stale(store: str = ".thrifty/store", older_than_days: float = 90.0, 
     settings = build_settings({"store": store, "older_than_days": older_than_days,
                                "active_window_days": active_window_days, "tier": tier, "as_of": as_of},
                               "the flow's parameters")
-    plan = scan_store(settings, writable=not dry_run)
-    outcome = None if dry_run else move_to_cold(settings, plan)
-    result = publish_report(plan, outcome)
+    with upcoming_named(get_run_logger()):  # the next Sundays' runs show the names they will run under
+        plan = scan_store(settings, writable=not dry_run)
+        outcome = None if dry_run else move_to_cold(settings, plan)
+        result = publish_report(plan, outcome)
     if outcome is not None and outcome.failed:
         first, why = outcome.failed[0]
         raise RuntimeError(f"{len(outcome.failed)} object(s) could not be archived (first: {first.key}: {why}); "

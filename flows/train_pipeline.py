@@ -19,7 +19,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled, Completed, Failed, State
 
 from flows.hooks import announce_projection, post_final_cost
-from flows.run_names import say_where_it_starts, scheduled_date, tag_run, train_run_name
+from flows.run_names import say_where_it_starts, scheduled_date, tag_run, train_run_name, upcoming_named
 from flows.slots import training_slot
 from tasks.budget import budget_gate
 from tasks.errors import BAD_INPUT, USER_ERRORS, bad_input
@@ -96,7 +96,8 @@ def _run(config: RunConfig, poll_s: float, smoke_result: SmokeResult | None) -> 
     next) and ends in a state whose message says it."""
     began = time.time()
     try:
-        return pipeline(config, poll_s, smoke_result)
+        with upcoming_named(get_run_logger()):  # a scheduled deployment's next runs show the names they will run under
+            return pipeline(config, poll_s, smoke_result)
     except StepFailed as failed:
         name = failed.state.name if failed.state.name in (BAD_INPUT, STOPPED_AT_CAP) else "Failed"
         kind, message = ends.KIND_OF_STATE[name], failed.state.message or ""

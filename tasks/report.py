@@ -12,6 +12,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import MarkdownArtifact, TableArtifact, create_markdown_artifact, create_table_artifact
 
+from tasks.links import run_flow_runs_link
 from thrifty.numbers import amount, metric, money
 from thrifty.report import chart
 from thrifty.report import mlflow
@@ -30,6 +31,7 @@ from thrifty.money.savings import SavingsReport
 from thrifty.money.ledger import Attempt, read_attempts
 from thrifty.money.levers import precision_factor
 from thrifty.runs import checkpoints, read_metrics
+from thrifty.runs.names import run_tag
 from thrifty.spot.deadline_run import deadline_moves, describe, market_split, read_record
 from thrifty.storage import open_store
 
@@ -59,6 +61,12 @@ def loss_and_spend_chart(metrics: list[dict[str, Any]], attempts: list[Attempt],
     lines += [f"| {(p.time_unix - t0) / 60:.2f} | {p.step} | {metric(p.loss)} | {amount(p.spend_usd)} |"
               for p in chart.sample(curve, points)]
     return "\n".join(lines) + "\n"
+
+
+def heading(run_id: str) -> str:
+    """The summary's title and the link that lists every flow run of the run (the UI's tags are not links)."""
+    return (f"# Run `{run_id}`\n\n[Every flow run of {run_id}]({run_flow_runs_link(run_id)}) (tagged "
+            f"`{run_tag(run_id)}`: its first try, its resumes, its reports)\n")
 
 
 def render_summary(run_id: str, prep: PrepResult | None, smoke: SmokeResult | None, estimate: Estimate | None,
@@ -110,8 +118,7 @@ def render_summary(run_id: str, prep: PrepResult | None, smoke: SmokeResult | No
     rows.append(("cost", f"{money(figures.actual_usd)} (on-demand: {money(figures.on_demand_usd)})"))
     early = figures_text.early_stop_line(figures)
     lines = [
-        f"# Run `{run_id}`",
-        "",
+        heading(run_id),
         *([end, ""] if end else []),
         "| item | value |",  # a header row with words: an empty one draws a blank bar in the UI
         "|---|---|",
@@ -278,7 +285,7 @@ def publish(config: RunConfig, kind: str, message: str = "", job: JobOutcome | N
                     + utilisation.section(store, run_id, summary, attempts, figures.actual_usd, config.compute.clouds)
                     + "## Loss and spend\n\n" + curve)
     else:
-        markdown = f"# Run `{run_id}`\n\n{message}\n"
+        markdown = f"{heading(run_id)}{message}\n"
     _artifact("markdown", markdown, artifact_key(run_id, "summary"), f"Thrifty run {run_id}", flow_run_id)
     if attempts:
         _artifact("table", attempt_rows(attempts), artifact_key(run_id, "attempts"),

@@ -1,6 +1,7 @@
 """The house rules, checked on the source: arrows point one way, no circles, rooms of readable size.
 
-flows -> tasks -> thrifty <- training: the library imports none of the others (not even inside a
+flows -> tasks -> thrifty <- training, and flows -> deployments -> thrifty (a run names its deployment's upcoming
+runs as `thrifty deploy` does): the library imports none of the others (not even inside a
 function), the training program imports no Prefect, and a dry-run `thrifty archive` or the CLI's
 help loads neither torch nor Prefect.
 """
@@ -22,7 +23,7 @@ ALLOWED = {
     "thrifty": {"thrifty"},
     "training": {"thrifty", "training"},
     "tasks": {"thrifty", "training", "tasks"},
-    "flows": {"thrifty", "training", "tasks", "flows"},
+    "flows": {"thrifty", "training", "tasks", "flows", "deployments"},  # deployments.upcoming names the next runs
     "deployments": {"thrifty", "deployments"},
 }
 MAX_LINES = 450

@@ -28,7 +28,7 @@ from thrifty.storage import open_store
 SPEC = yaml.safe_load((REPO / "prefect.yaml").read_text())
 DEPLOYMENTS = {d["name"]: d for d in SPEC["deployments"]}
 NIGHTLY_CRON, NIGHTLY_TZ = "0 3 * * *", "America/New_York"
-WEEKLY_CRON = "0 5 * * 0"  # Sundays
+WEEKLY_S = 7 * 24 * 3600  # every 7 days from a Sunday 05:00 New York (an interval: the list shows a cron as "+1")
 
 
 def load_entrypoint(entrypoint: str) -> Any:
@@ -70,7 +70,8 @@ def test_prefect_yaml_matches_the_code():
     build_settings({k: v for k, v in weekly["parameters"].items() if k != "dry_run"}, "prefect.yaml weekly-archive")
     assert weekly["concurrency_limit"] == 1
     [schedule] = weekly["schedules"]
-    assert (schedule["cron"], schedule["timezone"]) == (WEEKLY_CRON, NIGHTLY_TZ)
+    assert (schedule["interval"], schedule["timezone"]) == (WEEKLY_S, NIGHTLY_TZ)
+    assert "America/New_York" in schedule["slug"], "the deployment page shows the slug: the zone in sight"
     # a manual run previews; the schedule carries its own parameters and applies
     assert weekly["parameters"]["dry_run"] is True and schedule["parameters"] == {"dry_run": False}
     # the sweep's UI form is the SweepConfig (its base is a RunConfig form of its own)
@@ -83,6 +84,25 @@ def test_prefect_yaml_matches_the_code():
     assert nightly["concurrency_limit"] == 1
     [schedule] = nightly["schedules"]
     assert (schedule["cron"], schedule["timezone"]) == (NIGHTLY_CRON, NIGHTLY_TZ)
+    assert "America/New_York" in schedule["slug"] and "America/New_York" in nightly["description"]
+
+
+def test_the_weekly_schedule_fires_sundays_at_0500_new_york_across_dst():
+    """The interval keeps the cron's promise: every fire is a Sunday 05:00 in New York, winter and summer."""
+    import asyncio
+    import datetime as dt
+    from zoneinfo import ZoneInfo
+
+    from prefect.server.schemas.schedules import IntervalSchedule
+
+    [raw] = DEPLOYMENTS["weekly-archive"]["schedules"]
+    schedule = IntervalSchedule(interval=dt.timedelta(seconds=raw["interval"]),
+                                anchor_date=dt.datetime.fromisoformat(raw["anchor_date"]), timezone=raw["timezone"])
+    dates = schedule.get_dates(n=60, start=dt.datetime(2027, 1, 1, tzinfo=dt.timezone.utc))
+    dates = asyncio.run(dates) if asyncio.iscoroutine(dates) else dates
+    local = {d.astimezone(ZoneInfo(NIGHTLY_TZ)).strftime("%a %H:%M") for d in dates}
+    assert local == {"Sun 05:00"} and len(dates) == 60
+    assert {d.astimezone(dt.timezone.utc).hour for d in dates} == {9, 10}, "summer and winter both covered"
 
 
 def test_form_schema_drops_null_defaults_and_keeps_the_rest():
@@ -165,7 +185,7 @@ def test_deployments_registered_on_the_server(deployed):
     assert nightly.global_concurrency_limit is not None and nightly.global_concurrency_limit.limit == 1
     assert nightly.parameters["config"]["run_name"] == "nightly-{date}"
     [schedule] = weekly.schedules
-    assert (schedule.schedule.cron, schedule.schedule.timezone) == (WEEKLY_CRON, NIGHTLY_TZ)
+    assert (schedule.schedule.interval.total_seconds(), schedule.schedule.timezone) == (WEEKLY_S, NIGHTLY_TZ)
     assert weekly.work_pool_name == WORK_POOL and weekly.parameters["dry_run"] is True
     assert schedule.parameters == {"dry_run": False}
     assert train.enforce_parameter_schema and nightly.enforce_parameter_schema

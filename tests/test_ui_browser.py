@@ -161,6 +161,9 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
                  f"Thrifty run {run_name}: its first flow run", r"spent \$[0-9.]+ of its \$1 budget"):
         assert re.search(line, shown), f"{line!r} not in the run's logs in the UI:\n{run_logs(ui, flow_run_id)}"
     assert "Traceback" not in shown
+    # the tag is no link in the UI: the first log line carries the address of the runs page filtered by it
+    runs_link = page.locator(f'a[href*="/runs?tag=thrifty-run%3A{run_name}&"]')
+    assert runs_link.count() == 1, "the start log line's link to every flow run of the run"
     page.get_by_text("Artifacts", exact=True).first.click()  # the progress cards say spend against the budget
     page.get_by_text(re.compile(r"\$[0-9.]+ of \$1 budget \(\d+%\)")).first.wait_for()
     snap(page, shots, "03b-flow-run-artifacts", full=False)
@@ -180,6 +183,14 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     best = re.search(r"best val_loss\s+([0-9.]+) at step", text)
     assert best and len(best.group(1).replace(".", "").lstrip("0")) <= 4, "metrics read to 4 significant digits"
     snap(page, shots, "04-summary-artifact")
+    link = page.get_by_role("link", name=f"Every flow run of {run_name}")  # the summary's link to the run's runs
+    href = link.get_attribute("href")
+    assert href and href.startswith(f"{ui.url}/runs?tag=thrifty-run%3A{run_name}&"), href
+    page.goto(href)  # (the UI opens an artifact's links in a new tab)
+    page.get_by_text("1 run", exact=True).first.wait_for()  # exactly the tagged one ("one submit, one flow run")
+    page.get_by_text(run_name, exact=True).first.wait_for()
+    assert page.get_by_text(f"thrifty-run:{run_name}").count() >= 1, "the filter names the tag"
+    snap(page, shots, "04b-every-flow-run-of-the-run", full=False)
 
     page.goto(f"/artifacts/artifact/{keys[attempts_key]}")
     page.get_by_text("preempted", exact=True).first.wait_for()
@@ -246,12 +257,19 @@ def test_a_manual_archive_run_previews(ui, page, shots, tmp_path):
     """A manual run of weekly-archive keeps the deployment's dry_run (true); only its schedule applies."""
     store = tmp_path / "store"
     (store / "runs").mkdir(parents=True)
+    from deployments.upcoming import upcoming_runs
+
     with ui.client() as client:
         dep = client.read_deployment_by_name("thrifty-archive/weekly-archive")
         [schedule] = dep.schedules
         assert dep.parameters["dry_run"] is True and schedule.parameters == {"dry_run": False}
+        latest = upcoming_runs(client, dep.id)[-1]  # as the scheduler adds a run: a random name
+        client.update_flow_run(latest.id, name="random-heron")
         flow_run = client.create_flow_run_from_deployment(dep.id, parameters={"store": str(store)})
     done = wait_final(ui, str(flow_run.id), ui.worker)
+    with ui.client() as client:
+        assert client.read_flow_run(latest.id).name == f"apply-archive-tier-{latest.expected_start_time:%Y%m%d}", \
+            "a run of the deployment names its upcoming runs as it starts and ends"
     assert done.state.is_completed(), f"{done.state_name}: {done.state.message}"
     assert done.parameters["dry_run"] is True
     assert re.fullmatch(r"preview-archive-tier-\d{8}", done.name), done.name
@@ -262,6 +280,55 @@ def test_a_manual_archive_run_previews(ui, page, shots, tmp_path):
     page.goto(f"/artifacts/artifact/{keys['thrifty-archive']}")
     page.get_by_text(re.compile("dry run|preview", re.I)).first.wait_for()
     snap(page, shots, "10-archive-preview-artifact")
+
+
+def runtime_name(ui: Server, flow_run_id: Any, flow_name: str, monkeypatch: Any) -> str:
+    """The name the flow gives this flow run when it starts: its runtime callable, reading the run from the server."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.run_names import archive_run_name, train_run_name
+
+    monkeypatch.setenv("PREFECT__FLOW_RUN_ID", str(flow_run_id))
+    with temporary_settings(updates={PREFECT_API_URL: ui.api_url}):
+        return train_run_name() if flow_name == "thrifty-train" else archive_run_name()
+
+
+def test_upcoming_runs_carry_their_names_and_the_schedules_their_zone(ui, page, shots, monkeypatch):
+    """`thrifty deploy` scheduled and named the upcoming runs: each under the name the flow gives it when it starts.
+    The deployments list shows each schedule as one tag (no "+1") and its zone on hover; the deployment's page shows
+    the zone in the schedule's name, and the next run by its name."""
+    from deployments.upcoming import upcoming_runs
+    from thrifty.runs.names import flow_run_name
+
+    assert "upcoming runs of nightly-retrain: nightly-" in ui.deploy_output.stderr
+    next_names = {}
+    for name in ("thrifty-train/nightly-retrain", "thrifty-archive/weekly-archive"):
+        flow_name = name.split("/")[0]
+        with ui.client() as client:
+            dep = client.read_deployment_by_name(name)
+            runs = upcoming_runs(client, dep.id)
+        assert runs, f"{name}: no upcoming runs"
+        for run in runs:
+            utc_day = f"{run.expected_start_time.astimezone(dt.timezone.utc):%Y%m%d}"
+            assert run.name == flow_run_name(flow_name, run.parameters, run.expected_start_time) \
+                == runtime_name(ui, run.id, flow_name, monkeypatch), (name, run.name)
+            assert run.name in (f"nightly-{utc_day}", f"apply-archive-tier-{utc_day}")
+        next_names[name] = (str(dep.id), runs[0].name)
+
+    page.goto("/deployments")
+    page.get_by_text("Every 7 days").first.wait_for()
+    tags = [t.strip() for t in page.locator(".deployment-schedule-tags").all_inner_texts() if t.strip()]
+    assert tags == ["At 03:00 AM every day", "Every 7 days"], f"one tag per schedule, none folded into '+1': {tags}"
+    snap(page, shots, "12-deployments-list", full=False)
+    page.get_by_text("At 03:00 AM every day").first.hover()
+    page.get_by_text("At 03:00 AM every day (America/New_York)").first.wait_for()
+    for name, slug in (("thrifty-train/nightly-retrain", "daily 03:00 America/New_York"),
+                       ("thrifty-archive/weekly-archive", "Sundays 05:00 America/New_York")):
+        dep_id, next_name = next_names[name]
+        page.goto(f"/deployments/deployment/{dep_id}")
+        page.get_by_text(slug).first.wait_for()  # the schedule, named with its zone, beside the runs
+        page.get_by_text(next_name).first.wait_for()  # the Next Run card: the name it will run under
+        snap(page, shots, f"13-deployment-{name.split('/')[1]}", full=False)
 
 
 def test_deploy_says_the_missing_alert_block_as_a_next_step(ui):
