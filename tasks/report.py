@@ -13,7 +13,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import MarkdownArtifact, TableArtifact, create_markdown_artifact, create_table_artifact
 
 from tasks.links import run_flow_runs_link
-from thrifty.numbers import amount, metric, money
+from thrifty.numbers import amount, metric, money, rounded
 from thrifty.report import chart
 from thrifty.report import mlflow
 from thrifty.report import ends
@@ -188,13 +188,13 @@ def team_view(all_figures: list[SavingsReport], now_unix: float) -> str:
 def savings_rows(all_figures: list[SavingsReport]) -> list[dict[str, Any]]:
     """The cross-run table, narrow enough for the UI (the levers are in each run's summary), one row per run whatever
     its end, states named as the README names them, and a total row: the sums of the rows above it."""
-    rows = [{"run": f.run_id, "state": ends.state_name(f.state), "spent $": round(f.actual_usd, 5),
-             "naive $": round(f.naive_usd, 5), "saved $": round(f.saved_usd, 5), "saved": f"{f.saved_fraction:.0%}",
+    rows = [{"run": f.run_id, "state": ends.state_name(f.state), "spent $": rounded(f.actual_usd),
+             "naive $": rounded(f.naive_usd), "saved $": rounded(f.saved_usd), "saved": f"{f.saved_fraction:.0%}",
              "attempts": f.attempts, "assumed": figures_text.assumed_note(f) or "-"} for f in all_figures]
     if rows:
         total = savings.totals(all_figures)
-        rows.append({"run": f"total ({total.runs} runs)", "state": "", "spent $": round(total.actual_usd, 5),
-                     "naive $": round(total.naive_usd, 5), "saved $": round(total.saved_usd, 5),
+        rows.append({"run": f"total ({total.runs} runs)", "state": "", "spent $": rounded(total.actual_usd),
+                     "naive $": rounded(total.naive_usd), "saved $": rounded(total.saved_usd),
                      "saved": f"{total.saved_fraction:.0%}", "attempts": sum(f.attempts for f in all_figures),
                      "assumed": ""})
     return rows

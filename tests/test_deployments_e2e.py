@@ -77,7 +77,12 @@ def test_prefect_yaml_matches_the_code():
     # the sweep's UI form is the SweepConfig (its base is a RunConfig form of its own)
     sweep_params = load_entrypoint(DEPLOYMENTS["sweep"]["entrypoint"]).parameters
     assert sweep_params.properties["config"]["$ref"] == "#/definitions/SweepConfig"
-    assert sweep_params.definitions["SweepConfig"]["properties"]["base"]["$ref"] == "#/definitions/RunConfig"
+    assert sweep_params.definitions["SweepConfig"]["properties"]["base"]["$ref"] == "#/definitions/TrialBase"
+    trial_base = sweep_params.definitions["TrialBase"]["properties"]
+    train_params = load_entrypoint(DEPLOYMENTS["train"]["entrypoint"]).parameters
+    assert trial_base.keys() == train_params.definitions["RunConfig"]["properties"].keys(), \
+        "a sweep's base is the whole RunConfig"
+    assert trial_base["run_name"]["description"].startswith("Not used by a sweep")
     assert {"max_usd", "space", "eta", "min_epochs"} <= set(sweep_params.definitions["SweepConfig"]["properties"])
     nightly = DEPLOYMENTS["nightly-retrain"]
     assert nightly["parameters"]["config"]["run_name"] == "nightly-{date}"

@@ -138,7 +138,8 @@ def test_one_runs_figures_agree_with_its_ledger_everywhere_they_are_shown(prefec
 
     by_key, progress = asyncio.run(artifacts())
     summary = by_key["thrifty-summary-agree"].data
-    assert figs.end in summary[:len(figs.end) + 200], "the summary artifact opens with the headline"
+    assert figs.end in summary.split("\n\n", 2)[2][:len(figs.end) + 200], \
+        "the summary artifact opens with the headline (after its title and the link to every flow run of the run)"
     assert agrees(re.search(r"\| cost \| \$([0-9.]+) ", summary).group(1), ledger)
     assert agrees(re.search(r"Actual \*\*\$([0-9.]+)\*\*", summary).group(1), ledger)
     assert agrees(re.search(r"; spend \$([0-9.]+) of the \$1 budget", summary).group(1), ledger), "chart text"

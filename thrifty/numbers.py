@@ -32,6 +32,11 @@ def amount(v: float | None) -> str:
     return MISSING if v is None else _significant(float(v))
 
 
+def rounded(v: float) -> float:
+    """Dollars as a number a table shows (a table artifact's cells): 4 significant digits, ``0.0001181``."""
+    return float(_significant(float(v)))
+
+
 def money(v: float | None) -> str:
     """Dollars as people read them: ``$0.0036``, ``$1.50``, ``-$0.012``."""
     if v is None:

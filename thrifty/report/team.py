@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from thrifty.config import ConfigError
-from thrifty.numbers import amount
+from thrifty.numbers import amount, rounded
 from thrifty.money.savings import SavingsReport
 
 UNTAGGED = "(untagged)"
@@ -47,8 +47,8 @@ def by_tag(all_figures: list[SavingsReport], key: str) -> list[dict[str, Any]]:
     rows = []
     for value, runs in groups.items():
         spent, naive = sum(f.actual_usd for f in runs), sum(f.naive_usd for f in runs)
-        rows.append({key: value, "runs": len(runs), "spent $": round(spent, 5), "naive $": round(naive, 5),
-                     "saved $": round(naive - spent, 5), "saved": f"{(naive - spent) / naive:.0%}" if naive else "0%"})
+        rows.append({key: value, "runs": len(runs), "spent $": rounded(spent), "naive $": rounded(naive),
+                     "saved $": rounded(naive - spent), "saved": f"{(naive - spent) / naive:.0%}" if naive else "0%"})
     return sorted(rows, key=lambda r: -r["spent $"])
 
 
@@ -81,7 +81,7 @@ def levers(all_figures: list[SavingsReport]) -> list[dict[str, Any]]:
             add("early_stopping", f.early_stop.usd, f.early_stop.usd / paid_rate if paid_rate else 0.0, False)
     rows = sorted(totals.values(), key=lambda r: -r["saved $"])
     for r in rows:
-        r["saved $"] = round(r["saved $"], 5)
+        r["saved $"] = rounded(r["saved $"])
         r["instance-hours saved"] = round(r["instance-hours saved"], 4)
     return rows
 
