@@ -73,6 +73,16 @@ def deployment_id(ui: Server, name: str) -> str:
         return str(client.read_deployment_by_name(name).id)
 
 
+def train_runs_named(ui: Server, run_name: str) -> list[Any]:
+    """The train deployment's flow runs whose config names ``run_name``."""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with ui.client() as client:
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(
+            any_=[deployment_id(ui, "thrifty-train/train")])))
+    return [r for r in runs if (r.parameters.get("config") or {}).get("run_name") == run_name]
+
+
 def open_form(page: Any, ui: Server) -> None:
     page.goto(f"/deployments/deployment/{deployment_id(ui, 'thrifty-train/train')}/run")
     field(page, "Max Epochs (Optional)").wait_for()
@@ -123,18 +133,12 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     except PlaywrightTimeout:
         print("the 'scheduled to start' toast was not seen (a loaded machine); the run is checked on the server")
     snap(page, shots, "02-submitted", full=False)
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-
     mine = []
     for _ in range(120):  # the UI has left the form once the server took the run; a loaded server may list it late
-        with ui.client() as client:
-            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(
-                any_=[deployment_id(ui, "thrifty-train/train")])))
-        mine = [str(r.id) for r in runs if (r.parameters.get("config") or {}).get("run_name") == run_name]
-        if mine:
+        if mine := train_runs_named(ui, run_name):
             break
         time.sleep(0.5)
-    [flow_run_id] = mine
+    [flow_run_id] = [str(r.id) for r in mine]
     page.goto(f"/runs/flow-run/{flow_run_id}")
 
     flow_run = wait_final(ui, flow_run_id, ui.worker)
@@ -208,31 +212,20 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
 def test_a_bad_value_gets_a_clear_toast_and_a_bad_name_the_rule(ui, page, shots):
     """The server checks the form against the schema before a flow run exists: a bad number or run name is refused
     at the form, with the field's path, and no flow run is created for it."""
-    def runs_named(run_name: str) -> list[Any]:
-        with ui.client() as client:
-            from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-
-            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(
-                any_=[deployment_id(ui, "thrifty-train/train")])))
-        return [r for r in runs if (r.parameters.get("config") or {}).get("run_name") == run_name]
-
-    open_form(page, ui)
-    field(page, "Max Epochs (Optional)").fill("0")
-    page.get_by_role("button", name="Submit").click()
-    toast = page.get_by_text(re.compile("Validation failed for field 'config.train.max_epochs'"))
-    toast.first.wait_for()
-    assert "0 is less than the minimum of 1" in toast.first.inner_text()
-    snap(page, shots, "07-bad-value-toast", full=False)
-
-    open_form(page, ui)
-    field(page, "Run Name (Optional)").fill("my run!")
-    page.get_by_role("button", name="Submit").click()
-    toast = page.get_by_text(re.compile("Validation failed for field 'config.run_name'"))
-    toast.first.wait_for()
-    assert "'my run!' does not match '^[A-Za-z0-9][-A-Za-z0-9._{}]{0,62}$'" in toast.first.inner_text()
-    snap(page, shots, "07b-bad-name-toast", full=False)
-    assert page.url.rstrip("/").endswith("/run"), "the form stays open for the fix"
-    assert runs_named("my run!") == [], "a refused form creates no flow run"
+    for label, value, path, why, shot in (
+            ("Max Epochs (Optional)", "0", "config.train.max_epochs", "0 is less than the minimum of 1",
+             "07-bad-value-toast"),
+            ("Run Name (Optional)", "my run!", "config.run_name",
+             "'my run!' does not match '^[A-Za-z0-9][-A-Za-z0-9._{}]{0,62}$'", "07b-bad-name-toast")):
+        open_form(page, ui)
+        field(page, label).fill(value)
+        page.get_by_role("button", name="Submit").click()
+        toast = page.get_by_text(re.compile(f"Validation failed for field '{re.escape(path)}'"))
+        toast.first.wait_for()
+        assert why in toast.first.inner_text()
+        snap(page, shots, shot, full=False)
+        assert page.url.rstrip("/").endswith("/run"), "the form stays open for the fix"
+    assert train_runs_named(ui, "my run!") == [], "a refused form creates no flow run"
 
 
 def test_nightly_run_is_named_by_its_date(ui, page, shots, tmp_path):
