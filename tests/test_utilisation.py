@@ -253,6 +253,8 @@ def test_the_cost_map_sums_operators_as_key_averages_does(tmp_path):
         for _ in range(4):
             model(torch.randn(8, 16)).sum().backward()
             prof.step()
+    assert "ProfilerStep*" in seen, "key_averages counts the profiler's span between steps"
+    del seen["ProfilerStep*"]  # not an operator: the cost map leaves it out (its share could pass 100 %)
     assert seen and set(cmap._self_us) == set(seen)
     for key, us in seen.items():
         assert cmap._self_us[key] == pytest.approx(us, rel=1e-6, abs=1e-3), key

@@ -87,6 +87,8 @@ class CostMap:
         for ev in prof.events():
             if getattr(ev, "device_type", cpu) != cpu:  # a kernel's time is counted in its operator's self time
                 continue
+            if ev.key.startswith("ProfilerStep"):  # the profiler's own span from one step() to the next, not an
+                continue  # operator: its self time is the loop between steps (more than a step on a loaded machine)
             us = (getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0.0)
                   if self.cuda else ev.self_cpu_time_total)
             if us > 0:
