@@ -11,6 +11,7 @@ from tasks.errors import fails_quietly
 from thrifty.runs import checkpoints
 from thrifty.money.budget import spend_usd, stop_reserve_s, world_size
 from thrifty.config import ConfigError, RunConfig
+from thrifty.numbers import money
 from thrifty.report import ends
 from thrifty.money.estimate import AUTO_FIRST_CHECKPOINT_STEPS, Estimate, estimate_run, gate, smallest_budget_usd
 from thrifty.money.history import LOCAL, job_history
@@ -103,8 +104,8 @@ def budget_gate(config: RunConfig, prep: PrepResult, smoke: SmokeResult, poll_s:
     logger = get_run_logger()
     if estimate.choice:
         logger.info("hardware by the run's cost: %s", estimate.choice)
-    logger.info("estimate %s; %g s of burn held back to stop in ($%.5f); $%.5f spent by earlier jobs of this run",
-                estimate.summary(), reserve, reserve / 3600.0 * estimate.usd_per_hour, spent)
+    logger.info("estimate %s; %g s of burn held back to stop in (%s); %s spent by earlier jobs of this run",
+                estimate.summary(), reserve, money(reserve / 3600.0 * estimate.usd_per_hour), money(spent))
     b = config.budget
     if any(not m.gone(time.time()) for m in read_meters(store, config.run_name)):
         logger.info("a job of run %s is still alive: the launch step re-attaches to it or says so; nothing new is "
@@ -119,8 +120,8 @@ def budget_gate(config: RunConfig, prep: PrepResult, smoke: SmokeResult, poll_s:
     gate(estimate, b.max_usd, b.allow_over_budget, reserve, config.train.checkpoint_every, spent)
     worst = on_demand_usd(config, estimate) if deadline_moves(config) else None
     if worst is not None and spent + worst > b.max_usd:
-        logger.warning("deadline: should the policy move the whole run to on-demand, it costs ~$%.4f more, over "
-                       "budget.max_usd $%g with what was spent: the cap would stop it before its deadline", worst,
+        logger.warning("deadline: should the policy move the whole run to on-demand, it costs ~%s more, over "
+                       "budget.max_usd $%g with what was spent: the cap would stop it before its deadline", money(worst),
                        b.max_usd)
     return estimate
 

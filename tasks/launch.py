@@ -32,6 +32,7 @@ from thrifty.results import JobOutcome
 from thrifty.report import ends
 from thrifty.runs import finished_since, latest_progress, reached_end, read_metrics, read_summary
 from thrifty.storage import Store, open_store
+from thrifty.numbers import metric, money
 
 LEASE_TTL_S = 60.0  # a watcher silent this long is gone; its lease may be taken over
 LEASE_BEAT_S = 10.0
@@ -155,8 +156,8 @@ class AttemptLog:
             if a.ended_unix is not None and (a.job_id, a.number) not in self.ended:
                 self.ended.add((a.job_id, a.number))
                 level = logging.WARNING if a.end_reason in ("preempted", "failed") else logging.INFO
-                self.logger.log(level, "attempt %d ended: %s (exit code %s) after %.1f min, $%.5f",
-                                a.number, a.end_reason, a.exit_code, a.hours() * 60, a.cost_usd())
+                self.logger.log(level, "attempt %d ended: %s (exit code %s) after %.1f min, %s",
+                                a.number, a.end_reason, a.exit_code, a.hours() * 60, money(a.cost_usd()))
 
     def metrics(self, records: list[dict[str, Any]]) -> None:
         for rec in records:
@@ -169,8 +170,8 @@ class AttemptLog:
 def progress_notes(where: str, spend_usd: float, max_usd: float) -> tuple[str, str]:
     """The two progress artifacts' descriptions (steps first, money first), short enough for the UI's cards: spend
     against the budget shows while the run runs, not only steps."""
-    money = f"${spend_usd:.4f} of ${max_usd:g} budget ({spend_usd / max_usd:.0%})"
-    return f"{where} · {money}", f"{money} · {where}"
+    spent = f"{money(spend_usd)} of ${max_usd:g} budget ({spend_usd / max_usd:.0%})"
+    return f"{where} · {spent}", f"{spent} · {where}"
 
 
 def _wait_terminal(launcher: Launcher, job_id: str, within_s: float) -> JobStatus:
@@ -319,22 +320,23 @@ def watch(config: RunConfig, store: Store, launcher: Launcher, job_id: str, guar
             snap, exceeded = guard.check(earlier + status.attempts, progress, ended)
             if snap.measured and not reprojected:  # the first look with the job's own speed: said once
                 reprojected = True
-                logger.info("re-projected from this job's own measured steps: $%.5f for the run (the estimate before "
-                            "launch said %s)", snap.projected_usd,
-                            f"${guard.estimate.usd:.5f} for what was left" if guard.estimate else "nothing")
+                logger.info("re-projected from this job's own measured steps: %s for the run (the estimate before "
+                            "launch said %s)", money(snap.projected_usd),
+                            f"{money(guard.estimate.usd)} for what was left" if guard.estimate else "nothing")
             timer.arm(snap.spend_usd, max(snap.burn_usd_per_hour, planned_burn), config.budget.max_usd)
             starved.check(records, snap.burn_usd_per_hour or planned_burn)  # data waits priced at the run's $/h
             step, total = progress.get("step"), progress.get("total_steps")
             shown = (status.state, len(status.attempts), step)
             if shown != last_logged:
                 last_logged = shown
-                where = f"step {step}/{total} loss {progress.get('loss')}" if step is not None else "starting"
-                logger.info("%s attempt %d: %s, spend $%.4f (%.0f%% of budget), burn $%.3f/h, %s $%.4f",
-                            status.state.value, len(status.attempts), where, snap.spend_usd, 100 * snap.fraction,
-                            snap.burn_usd_per_hour, "projected" if snap.measured else "estimated", snap.projected_usd)
-            money = (step, round(snap.spend_usd, 4))
-            if money != shown_progress:  # spend moves while steps do not (a restart): the UI shows both
-                shown_progress = money
+                where = f"step {step}/{total} loss {metric(progress.get('loss'))}" if step is not None else "starting"
+                logger.info("%s attempt %d: %s, spend %s (%.0f%% of budget), burn %s/h, %s %s",
+                            status.state.value, len(status.attempts), where, money(snap.spend_usd), 100 * snap.fraction,
+                            money(snap.burn_usd_per_hour), "projected" if snap.measured else "estimated",
+                            money(snap.projected_usd))
+            spent_at = (step, round(snap.spend_usd, 4))
+            if spent_at != shown_progress:  # spend moves while steps do not (a restart): the UI shows both
+                shown_progress = spent_at
                 where = f"step {step} of {total}" if step is not None else "starting"
                 steps_note, money_note = progress_notes(where, snap.spend_usd, config.budget.max_usd)
                 steps_pct = 100.0 * step / total if step is not None and total else 0.0

@@ -177,7 +177,7 @@ def team_view(all_figures: list[SavingsReport], now_unix: float) -> str:
     month = team.month_of(now_unix)
     runs = team.in_month(all_figures, month)
     total = savings.totals(runs)
-    parts = [f"## {month}: {total.runs} run(s) spent ${total.actual_usd:.4f}, saved ${total.saved_usd:.4f} "
+    parts = [f"## {month}: {total.runs} run(s) spent {money(total.actual_usd)}, saved {money(total.saved_usd)} "
              f"({total.saved_fraction:.0%}) against {figures_text.NAIVE}", ""]
     for key in sorted({k for f in runs for k in f.tags}):
         parts.append(team.markdown(f"By {key}", team.by_tag(runs, key)))
@@ -268,7 +268,7 @@ def publish(config: RunConfig, kind: str, message: str = "", job: JobOutcome | N
         step = job.checkpoint_step if job is not None else None
         detail = message if kind in ("bad_input", "failed", "cancelled", "crashed") else ""
         if kind in ("completed", "stopped_early", "rung") and figures is not None:
-            detail = "; ".join(x for x in (f"saved ${figures.saved_usd:.5f} ({figures.saved_fraction:.0%}) against "
+            detail = "; ".join(x for x in (f"saved {money(figures.saved_usd)} ({figures.saved_fraction:.0%}) against "
                                            f"{figures_text.NAIVE}", figures_text.early_stop_line(figures)) if x)
         if step is None and attempts:
             saved = checkpoints.committed(store, run_id)

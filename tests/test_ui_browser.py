@@ -10,6 +10,7 @@ Screenshots of each page go to $THRIFTY_UI_SHOTS or a temporary folder; the test
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import os
 import re
@@ -153,6 +154,11 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     assert len(same) == 1, "one submit, one flow run"
     assert flow_run.parameters["config"]["budget"]["max_usd"] == 1
     assert flow_run.parameters["config"]["train"]["max_epochs"] == 3
+    # 26.1: the Completed state's message is the run's one line: spent, saved, best metric at its step, what next
+    message = flow_run.state.message or ""
+    assert re.match(rf"run {run_name} completed: spent \$[0-9.]+ of its \$1 budget \(\d+%\); saved \$[0-9.]+ \(\d+%\)",
+                    message) and re.search(r"best val_\w+ [0-9.]+ at step \d+", message) and "Next:" in message, message
+    assert "None" not in message and "\n" not in message
 
     page.reload()
     page.get_by_text("Completed").first.wait_for()
@@ -181,7 +187,14 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     chart = page.get_by_role("img", name="loss and spend over time")
     chart.wait_for()
     assert chart.evaluate("img => img.complete && img.naturalWidth") > 100, "the chart image must render"
+    svg = base64.b64decode(chart.get_attribute("src").split("base64,", 1)[1]).decode()
+    # 26.5: the validation metric beside the loss, labelled axes, the spend line's end and the $1 budget (a cap far
+    # above the spend is named, not drawn)
+    assert "; val_loss " in svg and ">loss" in svg and "spend (USD)</text>" in svg and "optimizer step;" in svg
+    assert re.search(r">spend \$[0-9.]+ of \$1(\.00)? cap", svg), "the spend line's end against the budget"
     text = page.locator("body").inner_text()
+    # 26.1: the summary opens (after its title and the link to every flow run of the run) with the state's line
+    assert message[:80] in text.split("Loss and spend")[0], "the summary artifact opens with the headline"
     assert "2 in 1 job(s), 1 preemption(s) survived, 1 resume(s)" in text
     assert "-0.00000" not in text and "0.0 h" not in text
     best = re.search(r"best val_loss\s+([0-9.]+) at step", text)
@@ -205,7 +218,18 @@ def test_train_form_runs_to_completed_and_its_artifacts_render(ui, page, shots, 
     page.goto(f"/artifacts/artifact/{keys['thrifty-savings']}")
     page.get_by_text(run_name, exact=True).first.wait_for()
     assert not too_wide(page), ("the savings table must fit without scrolling sideways", too_wide(page))
+    savings_text = page.locator("body").inner_text()
+    # 26.2: a saved-$ column, a total row, states as the README names them
+    assert "saved $" in savings_text and re.search(r"total \(\d+ runs\)", savings_text), savings_text[:2000]
+    assert "succeeded" not in savings_text and "budget\t" not in savings_text
     snap(page, shots, "06-savings-artifact")
+    # 26.4: the team's month by lever and by tag, refreshed at the run's end
+    page.goto(f"/artifacts/artifact/{artifact_ids(ui, flow_run_id)['thrifty-team']}")
+    page.get_by_text(re.compile(r"lever", re.I)).first.wait_for()
+    team_text = page.locator("body").inner_text()
+    assert "spot" in team_text and "saved $" in team_text, team_text[:2000]
+    assert not too_wide(page), ("the team's tables must fit", too_wide(page))
+    snap(page, shots, "06b-team-artifact")
     assert not page.blocked, f"the UI tried to reach beyond loopback: {page.blocked[:5]}"
 
 

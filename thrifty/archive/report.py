@@ -8,7 +8,7 @@ from typing import Any
 
 from thrifty.archive.plan import GIB, Item, Plan
 from thrifty.archive.store import Outcome
-from thrifty.numbers import cut
+from thrifty.numbers import cut, money
 from thrifty.money.pricing import PricingError, StorageTierPrice, storage_cloud, storage_price
 
 # ------------------------------------------------------------------------------------------- money and text
@@ -74,7 +74,7 @@ def markdown(p: Plan, outcome: Outcome | None = None, max_rows: int | None = Non
     """The pass as a report: totals, then each group to archive and each kept group with its reason
     (the first ``max_rows`` of them, archive rows first, when given)."""
     s = summary(p, outcome)
-    usd = "n/a" if s["usd_per_month_saved"] is None else f"${s['usd_per_month_saved']:.2f}"
+    usd = "n/a" if s["usd_per_month_saved"] is None else money(s['usd_per_month_saved'])
     head = "Dry run: nothing moved (a preview; `--apply`, or dry_run off, moves it)" if outcome is None else (
         f"Moved {s['moved']} objects ({human_bytes(s['bytes_moved'])}); {s['failed']} failed, "
         f"{s['left_alone']} left alone")

@@ -7,6 +7,7 @@ from xml.sax.saxutils import escape
 
 from thrifty.report.chart import HEIGHT, PAD_B, PAD_L, PAD_R, PAD_T, TEXT, WIDTH, fmt_usd, frame, scale
 from thrifty.spot.deadline_sim import Study
+from thrifty.numbers import money
 
 COLOURS = {"uniform_progress": "#2563eb", "greedy": "#d97706", "on_demand": "#6b7280"}
 
@@ -23,7 +24,7 @@ def table_text(study: Study) -> str:
     lines = [f"run: {j.work_s / 3600:g} h of compute, deadline {j.deadline_s / 3600:g} h (job fraction "
              f"{j.work_s / j.deadline_s:.2f}), changeover {j.changeover_s / 3600:.3g} h; spot "
              f"${j.spot_usd_per_hour:.4g}/h, on-demand ${j.on_demand_usd_per_hour:.4g}/h; on-demand alone "
-             f"${j.on_demand_usd:.2f}" + ("" if j.on_demand_meets else ", which cannot make the deadline"),
+             f"{money(j.on_demand_usd)}" + ("" if j.on_demand_meets else ", which cannot make the deadline"),
              f"margins: safety {j.margins.safety_s / 3600:.3g} h beyond a changeover, hysteresis "
              f"{j.margins.hysteresis_s / 3600:.3g} h; "
              + ("an on-demand job sees the spot market (the paper's assumption)" if study.spot_visible else
@@ -42,11 +43,11 @@ def table_text(study: Study) -> str:
               for p, s in pooled.items()]
     if "uniform_progress" in pooled:
         up = pooled["uniform_progress"]
-        said = [f"uniform_progress: ${up['usd']:.2f} on average, {1 - up['usd'] / j.on_demand_usd:.0%} less than "
-                f"on-demand (${j.on_demand_usd:.2f})"]
+        said = [f"uniform_progress: {money(up['usd'])} on average, {1 - up['usd'] / j.on_demand_usd:.0%} less than "
+                f"on-demand ({money(j.on_demand_usd)})"]
         if "greedy" in pooled:
             g = pooled["greedy"]["usd"]
-            said.append(f"{1 - up['usd'] / g:.0%} {'less' if up['usd'] <= g else 'more'} than greedy (${g:.2f})")
+            said.append(f"{1 - up['usd'] / g:.0%} {'less' if up['usd'] <= g else 'more'} than greedy ({money(g)})")
         lines += ["", ", ".join(said) + f"; deadlines met {up['met']:.1%}."]
     return "\n".join(lines) + "\n"
 
