@@ -18,10 +18,10 @@ from thrifty.money.savings import SavingsReport
 
 UNTAGGED = "(untagged)"
 # what each lever makes cheaper: time (fewer instance-hours) or only the price of the same hours
-LEVER_WORDS = {"spot": "spot instances instead of on-demand (the same hours, cheaper)",
-               "precision": "mixed precision instead of fp32", "cache": "the preprocessing cache",
-               "warm_start": "warm starts instead of training from scratch",
-               "early_stopping": "early stopping (not spent: apart from the headline)"}
+# short: a cell past about 30 characters makes the UI's table scroll sideways
+LEVER_WORDS = {"spot": "spot, not on-demand", "precision": "mixed precision, not fp32",
+               "cache": "preprocessing cache", "warm_start": "warm start, not from scratch",
+               "early_stopping": "early stop (not in the total)"}
 
 
 def month_of(unix: float | None) -> str | None:
@@ -66,9 +66,9 @@ def levers(all_figures: list[SavingsReport]) -> list[dict[str, Any]]:
 
     def add(lever: str, usd: float, hours: float, assumed: bool) -> None:
         row = totals.setdefault(lever, {"lever": lever, "what": LEVER_WORDS.get(lever, lever), "saved $": 0.0,
-                                        "instance-hours saved": 0.0, "runs": 0, "assumed in": 0})
+                                        "hours saved": 0.0, "runs": 0, "assumed in": 0})
         row["saved $"] += usd
-        row["instance-hours saved"] += hours
+        row["hours saved"] += hours
         row["runs"] += 1
         row["assumed in"] += int(assumed)
 
@@ -82,7 +82,7 @@ def levers(all_figures: list[SavingsReport]) -> list[dict[str, Any]]:
     rows = sorted(totals.values(), key=lambda r: -r["saved $"])
     for r in rows:
         r["saved $"] = rounded(r["saved $"])
-        r["instance-hours saved"] = round(r["instance-hours saved"], 4)
+        r["hours saved"] = round(r["hours saved"], 4)
     return rows
 
 
