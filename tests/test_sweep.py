@@ -80,6 +80,14 @@ def test_bad_sweeps_fail_before_anything_runs_naming_the_fix(space, extra, match
         build_sweep({"name": "s", "base": BASE, "space": space, **extra})
 
 
+def test_a_run_config_built_in_python_is_a_base():
+    from thrifty.sweep.config import SweepConfig
+
+    base = build_config({"run_name": "x", "train": {"max_epochs": 9, "lr": 0.01}})
+    cfg = SweepConfig(name="py", base=base, space={"train.lr": {"choice": [1e-3]}})
+    assert cfg.base == base and cfg.base.train.max_epochs == 9
+
+
 def test_stop_at_epoch_is_a_pause_not_a_new_training():
     cfg = build_config({"train": {"max_epochs": 9}})
     paused = cfg.updated({"train": {**cfg.train.model_dump(mode="json"), "stop_at_epoch": 3}})

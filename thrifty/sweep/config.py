@@ -60,6 +60,12 @@ class SweepConfig(_Frozen):
     reserve_factor: float = Field(1.5, ge=1.0, le=10.0, description="Each launch reserves this multiple of its "
                                   "estimated cost to reach its milestone (headroom for a slow machine).")
 
+    @field_validator("base", mode="before")
+    @classmethod
+    def _any_run_config(cls, v: Any) -> Any:
+        """A RunConfig built in Python is a base as it is (TrialBase only describes run_name for the form)."""
+        return v.model_dump() if isinstance(v, RunConfig) and not isinstance(v, TrialBase) else v
+
     @field_validator("space", mode="before")
     @classmethod
     def _one_kind_each(cls, v: Any) -> Any:
