@@ -1,6 +1,7 @@
 """The in-loop levers, each against off, in one run: compile, activation checkpointing, utilisation sampling and
-profiling (issue 24). Runs the three lever benches one after another on the same machine, each of which times its
-arms interleaved (ABAB) so the machine's drift falls on every arm alike, and prints one table of ratios to off.
+profiling (issue 24), and the loop's own bookkeeping against a raw torch loop. Runs the four benches one after
+another on the same machine, each of which times its arms interleaved (ABAB) so the machine's drift falls on every
+arm alike, and prints one table of ratios to off.
 Runs unchanged on a GPU (``--device cuda`` reaches the benches that take it; sampling and profiling measure the
 device they find).
 
@@ -57,6 +58,13 @@ def main() -> None:
             for arm, r in arms.items():
                 if isinstance(r, dict) and "step_ratio" in r and arm != "off":
                     rows.append((f"{arm} (telemetry)", recipe, f"{r['step_ratio']:.3f}", f"- (run CPU x{r['cpu_ratio']:.3f})"))
+
+    loop_args = [str(BENCH / "bench_loop_overhead.py"), "--device", args.device, "--json"]
+    if args.quick:
+        loop_args += ["--rounds", "2", "--short", "100", "--long", "600"]
+    r = json.loads(run(loop_args).splitlines()[-1])
+    rows.append(("the loop's own bookkeeping (vs raw)", "digits", f"{1 + r['overhead_share']:.3f}",
+                 f"- ({r['overhead_us']:.1f} us a step; goal <= 1.050)"))
 
     print(f"\n{'lever':<36} {'workload':<9} {'step time x off':>16}  memory x off")
     for lever, workload, time_ratio, memory_ratio in rows:

@@ -17,7 +17,7 @@ from thrifty.config import ConfigError, RunConfig, build_config
 from thrifty.storage import FileStore
 from training.data import cache_key, ensure_shards
 from training.loop import train
-from training.steps import batch_positions
+from training.steps import batch_rows
 from training.recipes import RecipeError, lr_factor, resolve_recipe
 from training.runtime import weights_sha256
 from training.smoke import smoke_test
@@ -143,8 +143,9 @@ def test_default_schedule_floor_and_shapes() -> None:
 def test_drop_last_pads_like_distributed_sampler() -> None:
     tc = build_config({"train": {"micro_batch": 10, "drop_last": False}}).train
     assert tc.steps_per_epoch(25, 1) == 3 and tc.model_copy(update={"drop_last": True}).steps_per_epoch(25, 1) == 2
-    seen = np.concatenate([batch_positions(s * 10, 10, 25) for s in range(3)])
-    assert set(seen) == set(range(25)) and list(seen[25:]) == [0, 1, 2, 3, 4]
+    order = np.arange(100, 125)
+    seen = np.concatenate([batch_rows(order, s * 10, 10) for s in range(3)])
+    assert set(seen) == set(order) and list(seen[25:]) == [100, 101, 102, 103, 104]
 
 
 def test_the_ui_form_lists_every_built_in_recipe_option() -> None:

@@ -19,6 +19,45 @@ from thrifty.money.utilisation import StarvationWatch, model_flops, right_size, 
 from thrifty.report.utilisation import cost_map_lines, utilisation_rows
 from training.telemetry import Nvml, Telemetry
 
+# ---------------------------------------------------------------- metric lines on the step path
+
+
+def test_step_lines_reach_the_file_within_flush_s_and_event_lines_at_once(tmp_path):
+    """A flush per metric line cost ~10 us of a ~0.4 ms step (bench_loop_overhead.py): step lines are flushed at most
+    FLUSH_S apart, an event line (and everything before it) at once, and everything at close."""
+    from thrifty.storage import open_store
+    from training.progress import MetricsWriter
+
+    now = [1000.0]
+    w = MetricsWriter(open_store(str(tmp_path)), "r", clock=lambda: now[0])
+    on_disk = lambda: [json.loads(line).get("event", json.loads(line)["step"])  # noqa: E731
+                       for line in w.path.read_text().splitlines()]
+    w.write({"step": 10, "loss": 1.0})  # the first line: flushed
+    w.write({"step": 20, "loss": 0.9})
+    now[0] += MetricsWriter.FLUSH_S / 2
+    w.write({"step": 30, "loss": 0.8})
+    assert on_disk() == [10]
+    w.write({"event": "eval", "step": 30, "val_loss": 0.7})
+    assert on_disk() == [10, 20, 30, "eval"]
+    w.write({"step": 40, "loss": 0.6})
+    now[0] += MetricsWriter.FLUSH_S
+    w.write({"step": 50, "loss": 0.5})
+    assert on_disk() == [10, 20, 30, "eval", 40, 50]
+    w.write({"step": 60, "loss": 0.4})
+    w.close()
+    assert on_disk()[-1] == 60
+
+
+def test_a_telemetry_window_without_a_reading_has_only_the_loops_shares():
+    tel = Telemetry(every_s=None, read_gpu=lambda: {"gpu_busy_pct": 50.0}, clock=iter([0.0, 1.0, 2.0]).__next__,
+                    cpu_clock=iter([0.0, 0.5, 1.5]).__next__)
+    assert tel.window(10, 1.0, 0.1) == {"data_wait_share": 0.1, "checkpoint_share": 0.0}
+    tel.sample()
+    out = tel.window(10, 1.0, 0.2)
+    assert out["gpu_busy_pct"] == 50.0 and out["cpu_pct"] == 50.0 and out["data_wait_share"] == 0.2  # 0.5 s CPU in 1 s
+    assert "gpu_busy_pct" not in tel.window(10, 1.0, 0.1)  # that reading was this window's only
+
+
 # ---------------------------------------------------------------- the starvation rule (pure, scripted clock)
 
 

@@ -28,12 +28,23 @@ def fault_point(point: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
 
 
-def pace(step_started: float) -> None:
-    """Hold an optimizer step that began at ``step_started`` (``time.perf_counter()``) until ``THRIFTY_MIN_STEP_S``
-    has passed: tests that place events in wall time (a spot trace, a deadline) train at a known speed whatever the
-    machine. Unset in normal runs (one dictionary lookup)."""
+def armed(point: str) -> bool:
+    """Whether ``THRIFTY_FAULT`` names ``point``: a hot loop asks once per run and passes the point only then."""
+    return os.environ.get("THRIFTY_FAULT", "").startswith(point + ":")
+
+
+def min_step_s() -> float | None:
+    """``THRIFTY_MIN_STEP_S`` (None when unset): a hot loop reads it once per run and paces only then."""
     spec = os.environ.get("THRIFTY_MIN_STEP_S")
-    if spec:
-        left = float(spec) - (time.perf_counter() - step_started)
+    return float(spec) if spec else None
+
+
+def pace(step_started: float, min_s: float | None = None) -> None:
+    """Hold an optimizer step that began at ``step_started`` (``time.perf_counter()``) until ``min_s`` (by default
+    ``THRIFTY_MIN_STEP_S``) has passed: tests that place events in wall time (a spot trace, a deadline) train at a
+    known speed whatever the machine. Unset in normal runs (one dictionary lookup)."""
+    min_s = min_step_s() if min_s is None else min_s
+    if min_s:
+        left = min_s - (time.perf_counter() - step_started)
         if left > 0:
             time.sleep(left)

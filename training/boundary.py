@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from thrifty.procs import process_alive
 from thrifty.protocol import ENV_PREEMPT_AT_STEP
@@ -47,12 +47,15 @@ class StepBoundary:
             boundary.launcher_pid = spec.get("launcher_pid")
         return boundary
 
-    def passed(self, step: int, stop: "StopSignal") -> None:
-        """``step`` is done (and saved, if it was due): take the preemption if it is due here."""
+    def passed(self, step: int, stop: "StopSignal", flush: Callable[[], None] | None = None) -> None:
+        """``step`` is done (and saved, if it was due): take the preemption if it is due here. ``flush`` (the metric
+        lines) runs first: a kill then ends the attempt with every line up to this step written."""
         if self.preempt_at is None or step < self.preempt_at or stop.signum is not None:
             return
         self.preempt_at = None  # one injected preemption per job
         log.warning("injected preemption (%s): stopping after step %d for the launcher to preempt", self.mode, step)
+        if flush is not None:
+            flush()
         if self.flag is not None:
             tmp = self.flag.with_name(f"{self.flag.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps({"step": step, "pid": os.getpid()}))

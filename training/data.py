@@ -154,14 +154,17 @@ class Split:
     def __init__(self, arrays: dict[str, ShardedArray]):
         self.arrays = arrays
         self.n = len(next(iter(arrays.values())))
+        # an array in one part in memory is gathered straight from it: a step's fetch does no shard bookkeeping
+        self._readers = [(name, arr.parts[0] if len(arr.parts) == 1 and isinstance(arr.parts[0], np.ndarray)
+                          else arr.take, arr.dtype == np.uint16) for name, arr in arrays.items()]
 
     def batch(self, idx: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
         out = {}
-        for name, arr in self.arrays.items():
-            t = torch.from_numpy(arr.take(idx))
-            if t.dtype == torch.uint16:
+        for name, read, widen in self._readers:
+            t = torch.from_numpy(np.asarray(read[idx]) if isinstance(read, np.ndarray) else read(idx))
+            if widen:
                 t = t.to(torch.int64)
-            out[name] = t.to(device, non_blocking=device.type == "cuda")
+            out[name] = t if device.type == "cpu" else t.to(device, non_blocking=device.type == "cuda")
         return out
 
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from thrifty.config import ConfigError, RunConfig
-from thrifty.faults import fault_point, pace
+from thrifty.faults import armed as fault_armed, fault_point, min_step_s as min_step_s_env, pace
 from thrifty.launchers.identity import identify
 from thrifty.money.meter import NodeMeter
 from thrifty.spot.preemption import config_mtbp, node_mtbp
@@ -35,7 +35,7 @@ from training.speedups import Levers
 from training.progress import CheckpointSchedule, MetricsWriter
 from training.profiling import CostMap
 from training.telemetry import Telemetry, summary_record
-from training.steps import batch_positions, evaluate, optimizer_step
+from training.steps import batch_rows, evaluate, optimizer_step
 from training.early_stopping import EarlyStopping, best_metric, best_metric_at
 from training.validate import check_arrays, check_config, check_data
 from training.runtime import (
@@ -256,11 +256,25 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     attempt_t0 = time.perf_counter()
     base_train_time = state.train_time_s
     recent_step_s: collections.deque[float] = collections.deque(maxlen=21)  # median guides auto checkpointing
-    window = {"loss": 0.0, "n": 0, "wait": 0.0, "time": 0.0}
+    win_loss, win_n, win_wait, win_time = 0.0, 0, 0.0, 0.0  # this metric line's window
     perm, perm_epoch = None, -1
     interrupted: str | None = None  # "signal" | "budget"
     diverged = 0  # consecutive steps with a loss that is not finite
     last_saved_step = state.step if loaded else -1
+    min_step_s, step_fault = min_step_s_env(), fault_armed("step")  # tests' pace and kill point, read once a run
+    compiling = levers.compile == "on"
+    wait = 0.0
+
+    def fetch(micro: int) -> dict[str, torch.Tensor]:
+        nonlocal wait
+        tw = time.perf_counter()
+        start = state.batch_in_epoch * global_batch + (micro * dist.world + dist.rank) * micro_batch
+        batch = train_split.batch(batch_rows(perm, start, micro_batch), device)
+        wait += time.perf_counter() - tw
+        if recipe.transform is None:
+            return batch
+        return recipe.apply_transform(batch, tc.seed, state.epoch, state.batch_in_epoch, micro, dist.rank)
+
     if dist.any(stop.signum is not None):  # a notice during start-up: nothing trained yet, nothing new to save
         interrupted = "signal"
     while interrupted is None and state.step < stop_steps and not stopper.stopped:
@@ -270,15 +284,6 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             perm, perm_epoch = epoch_permutation(train_split.n, tc.seed, state.epoch), state.epoch
         t0 = time.perf_counter()
         wait = 0.0
-
-        def fetch(micro: int) -> dict[str, torch.Tensor]:
-            nonlocal wait
-            tw = time.perf_counter()
-            start = state.batch_in_epoch * global_batch + (micro * dist.world + dist.rank) * micro_batch
-            batch = train_split.batch(perm[batch_positions(start, micro_batch, train_split.n)], device)
-            wait += time.perf_counter() - tw
-            return recipe.apply_transform(batch, tc.seed, state.epoch, state.batch_in_epoch, micro, dist.rank)
-
         if cost_map:
             cost_map.begin(state.epoch)
         loss = optimizer_step(step_model, recipe, fetch, accum, optimizer, scaler, device, amp,
@@ -294,27 +299,30 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             ema.update_parameters(model)
         state.step += 1
         state.batch_in_epoch += 1
-        pace(t0)
+        if min_step_s:
+            pace(t0, min_step_s)
         step_time = time.perf_counter() - t0
         if cost_map:
             cost_map.end()
         state.data_wait_s += wait
         recent_step_s.append(step_time)
-        state.compile_time_s += levers.stepped(state.step, step_time, emit)
-        fault_point("step")
+        if compiling:
+            state.compile_time_s += levers.stepped(state.step, step_time, emit)
+        if step_fault:
+            fault_point("step")
 
-        window["loss"] += loss
-        window["n"] += 1
-        window["wait"] += wait
-        window["time"] += step_time
+        win_loss += loss
+        win_n += 1
+        win_wait += wait
+        win_time += step_time
         if state.step % tc.log_every == 0 or state.step == total_steps:
-            emit({"step": state.step, "epoch": state.epoch, "loss": round(window["loss"] / window["n"], 6),
+            emit({"step": state.step, "epoch": state.epoch, "loss": round(win_loss / win_n, 6),
                   "lr": scheduler.get_last_lr()[0],
-                  "samples_per_s": round(global_batch * window["n"] / max(window["time"], 1e-9), 1),
-                  "step_time_s": round(window["time"] / window["n"], 5),
-                  "data_wait_s": round(window["wait"] / window["n"], 6),
-                  **telemetry.window(window["n"], window["time"], window["wait"], state.checkpoint_time_s)})
-            window = {"loss": 0.0, "n": 0, "wait": 0.0, "time": 0.0}
+                  "samples_per_s": round(global_batch * win_n / max(win_time, 1e-9), 1),
+                  "step_time_s": round(win_time / win_n, 5),
+                  "data_wait_s": round(win_wait / win_n, 6),
+                  **telemetry.window(win_n, win_time, win_wait, state.checkpoint_time_s)})
+            win_loss, win_n, win_wait, win_time = 0.0, 0, 0.0, 0.0
 
         end_of_epoch = state.batch_in_epoch == steps_per_epoch
         new_best = False
@@ -343,7 +351,8 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         if meter is not None and not finishing:
             meter.beat()
             at_cap = meter.over_cap(max(schedule.save_s or 0.0, writer.stop_save_s), step_time)  # a stop's save waits
-        boundary.passed(state.step, stop)
+        if boundary.preempt_at is not None:  # the local launcher's rehearsal preemption, at its step
+            boundary.passed(state.step, stop, metrics.sync if metrics else None)
         if dist.any(stop.signum is not None or at_cap):
             at_cap = dist.any(at_cap)  # rank 0 decides the cap; every rank stops at the same step
             if last_saved_step != state.step:

@@ -291,7 +291,8 @@ class Session:
             self._emit({"event": "eval", "step": step, **evals, **({"best": best} if best is not None else {})})
         if self.step_limit is not None or self.status.logs == 1:
             self._write_status()
-        self._boundary.passed(step, self.stop)  # the local launcher's preemption lands here; should_stop() says so
+        # the local launcher's preemption lands here; should_stop() says so
+        self._boundary.passed(step, self.stop, self.metrics.sync if self.metrics else None)
 
     def set_total_steps(self, total: int) -> None:
         """The run's length (optimizer steps), for progress and the budget projection; ``train.max_steps`` caps it."""

@@ -64,6 +64,7 @@ class Telemetry:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._window = self._empty()
+        self._window_readings = 0  # readings in ``_window``: most windows (a few steps) have none
         self._total = self._empty()
         self._peak_memory: float | None = None
         self._last = (clock(), cpu_clock())
@@ -102,6 +103,7 @@ class Telemetry:
                 for acc in (self._window, self._total):
                     acc[key][0] += value
                     acc[key][1] += 1
+            self._window_readings += 1
             if "gpu_memory_used_gb" in reading:
                 self._peak_memory = max(self._peak_memory or 0.0, reading["gpu_memory_used_gb"])
 
@@ -115,9 +117,11 @@ class Telemetry:
         self.step_s += step_s
         self.wait_s += wait_s
         self.checkpoint_s += checkpoint_s
-        with self._lock:
-            acc, self._window = self._window, self._empty()
-        out = {k: round(s / n, 3) for k, (s, n) in acc.items() if n}
+        out: dict[str, float] = {}
+        if self._window_readings:  # (read without the lock: a reading that lands now is in the next window)
+            with self._lock:
+                acc, self._window, self._window_readings = self._window, self._empty(), 0
+            out = {k: round(s / n, 3) for k, (s, n) in acc.items() if n}
         if step_s > 0:
             out["data_wait_share"] = round(wait_s / step_s, 4)
             out["checkpoint_share"] = round(checkpoint_s / (step_s + checkpoint_s), 4)
