@@ -165,6 +165,7 @@ def test_a_stop_waits_for_the_write_in_flight_and_loses_no_step(tmp_path, monkey
 
     monkeypatch.setattr(training.checkpoint.CheckpointManager, "save", save)
     monkeypatch.setattr(training.loop, "fault_point", fault_point)
+    monkeypatch.setenv("THRIFTY_FAULT", "step:0")  # the loop passes its step fault point only when one is armed
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     store = tmp_path / "store"
     cfg = RunConfig(run_name=RUN, recipe="digits", recipe_params={"hidden": 16}, store=str(store), train={
