@@ -101,12 +101,14 @@ def codelm_auto(store: Path, seconds: float) -> dict[str, Any]:
     return out
 
 
-def raw_arm(data: dict[str, Any], ckpt_dir: Path, every: int, steps: int) -> dict[str, float]:
+def raw_arm(data: dict[str, Any], ckpt_dir: Path, every: int, steps: int,
+            device: torch.device = torch.device("cpu")) -> dict[str, float]:
     """The loop a careful person writes by hand: same model, batches, AdamW, schedule, clipping, one eval;
-    a checkpoint is ``torch.save`` to a temp file and a rename."""
+    a checkpoint is ``torch.save`` to a temp file and a rename. On a GPU the batches are gathered on the host and
+    copied over, as Thrifty's loop does."""
     recipe, params, cfg = data["recipe"], data["params"], data["cfg"]
     torch.manual_seed(cfg.train.seed)
-    model = recipe.build_model(params, data["meta"])
+    model = recipe.build_model(params, data["meta"]).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.train, steps))
     x, y, n, batch = data["x"], data["y"], len(data["y"]), cfg.train.micro_batch
@@ -129,7 +131,10 @@ def raw_arm(data: dict[str, Any], ckpt_dir: Path, every: int, steps: int) -> dic
             perm = torch.from_numpy(epoch_permutation(n, cfg.train.seed, epoch))
         idx = perm[i * batch:(i + 1) * batch]
         opt.zero_grad(set_to_none=True)
-        out = recipe.step(model, {"x": x[idx], "y": y[idx]})
+        xb, yb = x[idx], y[idx]
+        if device.type != "cpu":
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        out = recipe.step(model, {"x": xb, "y": yb})
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
         opt.step()
@@ -138,7 +143,7 @@ def raw_arm(data: dict[str, Any], ckpt_dir: Path, every: int, steps: int) -> dic
             save(step + 1)
     model.eval()
     with torch.no_grad():
-        val_loss = float(recipe.step(model, {"x": data["vx"], "y": data["vy"]}).loss)
+        val_loss = float(recipe.step(model, {"x": data["vx"].to(device), "y": data["vy"].to(device)}).loss)
     return {"saves": len(save_times), "save_s": statistics.mean(save_times), "val_loss": val_loss}
 
 

@@ -1,7 +1,8 @@
 """The training loop's own per-step cost against a raw torch loop, side by side in one run (issue 24's goal: at most
 5 % of the raw loop's step time on digits with checkpoints off).
 
-Both arms train the same model on the same batches with the same AdamW, schedule and clipping; Thrifty's arm is
+Both arms train the same model on the same batches with the same AdamW, schedule and clipping (the raw arm is
+bench_checkpoint.py's, its one save at the end); Thrifty's arm is
 ``training.loop.train`` at its defaults but for checkpoints (off: the final save only) and evaluation (the last step
 only, as the raw arm's one evaluation), so what it adds is the loop's bookkeeping: the metric lines, data-wait and
 step timing, utilisation windows, the early-stopping, checkpoint, signal and cap checks. Each arm runs a short and a
@@ -33,48 +34,20 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from bench.bench_checkpoint import OFF, raw_arm  # noqa: E402
 from thrifty.config import RunConfig  # noqa: E402
 from thrifty.storage import open_store  # noqa: E402
-from training.data import epoch_permutation, open_cache  # noqa: E402
+from training.data import open_cache  # noqa: E402
 from training.loop import train  # noqa: E402
-from training.recipes import lr_factor  # noqa: E402
 from training.recipes.base import resolve_recipe  # noqa: E402
 
 PARAMS: dict[str, Any] = {"hidden": 128}
-OFF = 10**9  # checkpoint_every: only the final save
 
 
 def config(store: str, name: str, steps: int, device: str) -> RunConfig:
     return RunConfig(run_name=name, recipe="digits", recipe_params=PARAMS, store=store, train={
         "max_steps": steps, "max_epochs": 10**6, "micro_batch": 32, "precision": "fp32", "device": device,
         "checkpoint_every": OFF, "eval_every": steps, "early_stopping": {"enabled": False}})
-
-
-def raw_loop(data: dict[str, Any], steps: int, device: torch.device) -> float:
-    """The loop a careful person writes by hand: batches gathered on the host and copied over, AdamW, the schedule,
-    clipping, one evaluation at the end. Returns the validation loss (so nothing is optimised away)."""
-    recipe, cfg = data["recipe"], data["cfg"]
-    torch.manual_seed(cfg.train.seed)
-    model = recipe.build_model(data["params"], data["meta"]).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.train, steps))
-    x, y, n, batch = data["x"], data["y"], len(data["y"]), cfg.train.micro_batch
-    per_epoch = n // batch
-    model.train()
-    for step in range(steps):
-        epoch, i = divmod(step, per_epoch)
-        if i == 0:
-            perm = torch.from_numpy(epoch_permutation(n, cfg.train.seed, epoch))
-        idx = perm[i * batch:(i + 1) * batch]
-        opt.zero_grad(set_to_none=True)
-        out = recipe.step(model, {"x": x[idx].to(device, non_blocking=True), "y": y[idx].to(device, non_blocking=True)})
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        opt.step()
-        sched.step()
-    model.eval()
-    with torch.no_grad():
-        return float(recipe.step(model, {"x": data["vx"].to(device), "y": data["vy"].to(device)}).loss)
 
 
 def timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
@@ -113,7 +86,7 @@ def measure(device_name: str, rounds: int, short: int, long: int) -> dict[str, A
         runs += 1
         train(config(str(store), f"t{runs}", steps, device_name))
 
-    arms = {"thrifty": thrifty, "raw": lambda steps: raw_loop(data, steps, device)}
+    arms = {"thrifty": thrifty, "raw": lambda steps: raw_arm(data, work / "raw", OFF, steps, device)}
     for arm in arms.values():  # warm-up: imports, the allocator, the first cache open
         arm(short)
     times: dict[tuple[str, int], list[float]] = {(arm, steps): [] for arm in arms for steps in (short, long)}

@@ -104,9 +104,21 @@ from faultproxy import s3_proxy  # noqa: E402,F401
 from prefect_server import SHARED, deployed_ui_server  # noqa: E402,F401
 
 
+# The longest files first (their idle-run seconds, slowest first): `make test` hands whole files to its workers in
+# this order (--no-loadscope-reorder: xdist's default order is the most tests first, which handed the one-test
+# PostgreSQL file out last and left one worker alone with it for minutes at the end of the suite)
+LONGEST_FIRST = ("test_postgres_scale.py", "test_ui_browser.py", "test_deployments_e2e.py", "test_cap_hang.py",
+                 "test_deadline_flow.py", "test_sweep.py", "test_money.py", "test_chaos.py", "test_lightning_exact.py",
+                 "test_live_prices.py", "test_levers_compile.py", "test_budget.py", "test_work_pools.py",
+                 "test_ends.py")
+
+
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """The tests on the shared deployed server run one after another, where the first of them was: the server
-    starts once for all of them and is stopped after the last (an idle server and worker cost CPU beside the rest)."""
+    """The longest files first (LONGEST_FIRST), each file's tests in their own order; the tests on the shared deployed
+    server run one after another: the server starts once for all of them and is stopped after the last (an idle
+    server and worker cost CPU beside the rest)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     users = [item for item in items if SHARED in item.fixturenames]
     if users:
         first = items.index(users[0])

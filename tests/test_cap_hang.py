@@ -92,7 +92,9 @@ def test_a_job_left_alone_holds_its_cap_when_the_store_hangs(prefect_harness, s3
         "budget": {"max_usd": cap, "allow_over_budget": True, "stop_margin_s": 3.0,
                    "burn_rate_alert_usd_per_hour": None},
     }))
-    env = {**child_env(cli_env(), s3_proxy.env), "THRIFTY_SPOOL": str(tmp_path / "spool")}
+    # a fixed pace (thrifty.faults.pace): the cap is in wall time, and a node training flat out would take a whole
+    # core from the rest of the suite for the minute it waits
+    env = {**child_env(cli_env(), s3_proxy.env), "THRIFTY_SPOOL": str(tmp_path / "spool"), "THRIFTY_MIN_STEP_S": "0.01"}
     direct, bucket = s3_proxy.direct, s3_proxy.bucket
 
     def objects(prefix: str) -> list[str]:

@@ -378,7 +378,8 @@ def test_the_identity_probe_reads_the_zone(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_price_that_doubles_mid_run_stops_the_real_job_earlier_and_under_the_cap(azure_prices, tmp_path):
+def test_a_price_that_doubles_mid_run_stops_the_real_job_earlier_and_under_the_cap(azure_prices, tmp_path,
+                                                                                     monkeypatch):
     """The local launcher emulates an Azure T4 spot VM at its live price (the Retail Prices stand-in); the training
     program meters itself at the same source, reading it every second. $0.02 lasts 90 s at $0.80/h; once the node
     has booted and priced itself, the price doubles. The node stops itself at the cap well before 90 s, with a checkpoint, and the bill at
@@ -397,6 +398,7 @@ def test_a_price_that_doubles_mid_run_stops_the_real_job_earlier_and_under_the_c
         "budget": {"max_usd": max_usd, "prices": "live", "spot_price_max_age_s": 1.0, "stop_margin_s": 10.0,
                    "burn_rate_alert_usd_per_hour": None}})
     azure_prices.set(T4, "eastus", spot=True, usd=p0)
+    monkeypatch.setenv("THRIFTY_MIN_STEP_S", "0.01")  # the node's pace: the cap is in wall time, no core spent waiting
     launcher = LocalLauncher(cfg)
     job = launcher.submit(cfg)
     store = open_store(str(store_dir))
