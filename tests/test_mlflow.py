@@ -186,9 +186,12 @@ def test_a_run_stopped_at_its_cap_is_logged_from_the_environment(prefect_harness
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri + "/")
     store = tmp_path / "store"
-    # p5.48xlarge spot (~1 cent a second): $0.1 is ~10 s; 2000 epochs cannot end before it
+    # p5.48xlarge spot (~1.1 cents a second): $0.4 is ~37 s, room for the node to start and train on a loaded machine
+    # ($0.1 was not: beside stress-ng the node was still starting when the cap came, so nothing trained). At a fixed
+    # pace of at least 10 ms a step, 2000 epochs (~20,000 steps, 200 s) cannot end before it on any machine.
+    monkeypatch.setenv("THRIFTY_MIN_STEP_S", "0.01")
     cfg = flow_config(store, "mlf-capped", None, compute={"emulate": "aws:p5.48xlarge", "max_restarts": 0},
-                      budget={"max_usd": 0.1, "stop_margin_s": 2.0, "allow_over_budget": True,
+                      budget={"max_usd": 0.4, "stop_margin_s": 2.0, "allow_over_budget": True,
                               "burn_rate_alert_usd_per_hour": None})
     cfg = cfg.updated({"train": {**cfg.train.model_dump(mode="json"), "max_epochs": 2000,
                                  "early_stopping": {"enabled": False}}})
