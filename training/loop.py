@@ -262,7 +262,6 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
     diverged = 0  # consecutive steps with a loss that is not finite
     last_saved_step = state.step if loaded else -1
     min_step_s, step_fault = min_step_s_env(), fault_armed("step")  # tests' pace and kill point, read once a run
-    compiling = levers.compile == "on"
     wait = 0.0
 
     def fetch(micro: int) -> dict[str, torch.Tensor]:
@@ -271,8 +270,6 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         start = state.batch_in_epoch * global_batch + (micro * dist.world + dist.rank) * micro_batch
         batch = train_split.batch(batch_rows(perm, start, micro_batch), device)
         wait += time.perf_counter() - tw
-        if recipe.transform is None:
-            return batch
         return recipe.apply_transform(batch, tc.seed, state.epoch, state.batch_in_epoch, micro, dist.rank)
 
     if dist.any(stop.signum is not None):  # a notice during start-up: nothing trained yet, nothing new to save
@@ -306,8 +303,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
             cost_map.end()
         state.data_wait_s += wait
         recent_step_s.append(step_time)
-        if compiling:
-            state.compile_time_s += levers.stepped(state.step, step_time, emit)
+        state.compile_time_s += levers.stepped(state.step, step_time, emit)
         if step_fault:
             fault_point("step")
 
@@ -351,8 +347,7 @@ def _train(cfg: RunConfig, dist: Dist, store: Store) -> TrainResult:
         if meter is not None and not finishing:
             meter.beat()
             at_cap = meter.over_cap(max(schedule.save_s or 0.0, writer.stop_save_s), step_time)  # a stop's save waits
-        if boundary.preempt_at is not None:  # the local launcher's rehearsal preemption, at its step
-            boundary.passed(state.step, stop, metrics.sync if metrics else None)
+        boundary.passed(state.step, stop, metrics.sync if metrics else None)
         if dist.any(stop.signum is not None or at_cap):
             at_cap = dist.any(at_cap)  # rank 0 decides the cap; every rank stops at the same step
             if last_saved_step != state.step:
