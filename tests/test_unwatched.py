@@ -42,7 +42,8 @@ def test_a_job_that_finished_unwatched_is_found_finished_and_its_row_closed(pref
     first = subprocess.Popen([*THRIFTY, "run", "--config", str(cfg)], env=cli_env(), cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        wait_for(lambda: ledger.is_dir() and any(ledger.glob("*.jsonl")), 240, "the job's first attempt")
+        wait_for(lambda: ledger.is_dir() and ledger_rows(open_store(str(store_dir)), "unwatched"), 240,
+                 "the job's first attempt")
         os.killpg(first.pid, signal.SIGKILL)  # the flow and its watch loop; the job lives on, alone
         first.wait(timeout=30)
     finally:

@@ -141,6 +141,8 @@ def _jsonl(text: str) -> list[Attempt]:
 def write_job_attempts(store: Store, run_id: str, job_id: str, attempts: list[Attempt]) -> None:
     """The watcher of ``job_id`` records that job's attempts (object stores have no append: the job's file whole)."""
     mine = [a for a in attempts if a.job_id == job_id]
+    if not mine:  # a job whose first attempt is not known yet: no empty file for a reader to find
+        return
     store.put_bytes(run_key(run_id, "ledger", f"{job_id}.jsonl"), "".join(json.dumps(a.row()) + "\n" for a in mine).encode())
 
 
