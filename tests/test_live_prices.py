@@ -139,6 +139,34 @@ def test_prices_are_cached_in_the_store_with_time_and_source_and_read_again_when
     assert live.max_age_s(spot=False) == 24 * 3600 and live.max_age_s(spot=True) == 3600
 
 
+def test_a_rise_is_metered_from_when_the_old_price_was_seen_at_its_source_not_from_a_cached_read(azure_prices,
+                                                                                                  tmp_path):
+    """A watcher and a node share the store's price cache. A read answered from the cache carries a price seen at its
+    source earlier; a rise found by the next read may have begun any time since then, so it is metered from then
+    (seen in a stressed suite: the rise dated from the cached read, 0.3 ms after the change, and the ledger came out
+    $1.3e-7 under the bill)."""
+    from thrifty.money.prices.repricing import Repricer, change_from
+
+    store, clock = open_store(str(tmp_path / "store")), Clock()
+    key = PriceKey("azure", T4, True, "eastus")
+    azure_prices.set(T4, "eastus", spot=True, usd=0.80)
+    node = LivePrices(store, spot_max_age_s=1.0, clock=clock)
+    assert node.lookup(key).fetched_unix == clock.t  # the node asks the source at t0 and caches the answer
+    seen_by_node = clock.t
+    watcher = Repricer(LivePrices(store, spot_max_age_s=1.0, clock=clock), key)
+    clock.t += 0.5
+    changed_at = clock.t  # the price rises; the watcher reads 0.2 s later and the cache still answers
+    azure_prices.set(T4, "eastus", spot=True, usd=1.60)
+    clock.t += 0.2
+    assert watcher.read().usd_per_hour == 0.80
+    clock.t += 1.0
+    rise = watcher.read()
+    assert rise.usd_per_hour == 1.60
+    since = change_from(0.80, rise.usd_per_hour, watcher.previous_seen_unix, clock.t)
+    assert since == seen_by_node <= changed_at, "dated from when the old price was last seen, not from the cached read"
+    assert change_from(1.60, 0.80, watcher.previous_seen_unix, clock.t) == clock.t, "a fall counts from now"
+
+
 def test_budget_prices_table_asks_no_source(azure_prices, tmp_path):
     azure_prices.set(T4, "eastus", spot=True, usd=0.21)
     cfg = build_config({"store": str(tmp_path), "budget": {"prices": "table"}, "compute": {"launcher": "skypilot"}})
@@ -178,8 +206,8 @@ def azure_node_env(t0: float) -> dict[str, str]:
 
 def test_meter_stops_earlier_when_the_price_doubles_and_spend_stays_under_the_cap(azure_prices, tmp_path):
     """$1 at $3.60/h lasts 1000 s; the price doubles at 305 s, the node reads it every 60 s. The stop comes ~350 s
-    earlier, and the bill at the prices in force in each interval stays <= max_usd (a rise is counted from the read
-    before it was seen, so the meter never counts less than the bill)."""
+    earlier, and the bill at the prices in force in each interval stays <= max_usd (a rise is counted from when the
+    old price was last seen at its source, so the meter never counts less than the bill)."""
     clock = Clock()
     t0 = clock.t
     store = open_store(str(tmp_path / "store"))
@@ -203,7 +231,8 @@ def test_meter_stops_earlier_when_the_price_doubles_and_spend_stays_under_the_ca
     bill = (3.6 * (flip - t0) + 7.2 * (billed_until - flip)) / 3600  # the prices in force, interval by interval
     assert bill <= cfg.budget.max_usd
     assert bill <= meter.spend_usd(billed_until) <= cfg.budget.max_usd + 1e-9
-    assert [s[1] for s in meter.segments] == [3.6, 7.2] and meter.segments[1][0] == t0 + 300  # from the read before
+    # from when $3.60 was last seen at its source: the read at +300 s was the store's cache answering with +240 s
+    assert [s[1] for s in meter.segments] == [3.6, 7.2] and meter.segments[1][0] == t0 + 240
 
     meter.close("budget")
     [record] = read_meters(store, "doubling")

@@ -178,7 +178,7 @@ class _Job:
             return
         now = time.time()
         with self.lock:
-            since = change_from(attempt.usd_per_hour, point.usd_per_hour, repricer.previous_read_unix, now)
+            since = change_from(attempt.usd_per_hour, point.usd_per_hour, repricer.previous_seen_unix, now)
             moved = attempt.repriced(point.usd_per_hour, point.describe(), since)
         if moved:
             log.warning("attempt %d: the price of %s moved to $%.4f/h (%s)", attempt.number, attempt.instance,

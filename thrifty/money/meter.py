@@ -205,7 +205,7 @@ class NodeMeter:
             return False
         else:
             since = max(self.segments[-1][0],
-                        change_from(self.segments[-1][1], usd, self.repricer.previous_read_unix, now))
+                        change_from(self.segments[-1][1], usd, self.repricer.previous_seen_unix, now))
             log.warning("budget: this node's price moved from $%.4f/h to $%.4f/h (%s); the cap meters at it from %.0f s "
                         "ago", self.segments[-1][1], usd, point.describe(now), now - since)
             self.segments.append([since, usd, point.describe(now)])

@@ -3,7 +3,9 @@
 Every trial trains to the first rung; a trial is promoted to the next rung (eta times the epochs) as soon as it
 is in the top 1/eta of the trials that have reached its rung. Once no trial can still reach a rung (none is
 pending, running, or waiting below it), the rung is closed: its top max(1, n // eta) go on, the rest are pruned.
-Promotions come before new trials, the highest rung first; ties break by trial index.
+Promotions come before new trials, the highest rung first; ties break by trial index. A promotion is never taken
+back: a job to the next rung that was interrupted (a killed search, a job its cap stopped) goes on first, from its
+checkpoint, whatever came in since, so a killed search decides what the same search not killed would have.
 """
 
 from __future__ import annotations
@@ -69,8 +71,14 @@ def keep_count(n: int, eta: int, closed: bool) -> int:
     return max(1, n // eta) if closed and n else n // eta
 
 
+def promoted(t: TrialState) -> bool:
+    """Its job to a higher milestone started and has not reached it yet (running, or interrupted and paused)."""
+    return t.target is not None and t.target > t.reached
+
+
 def settle(trials: list[TrialState], rungs: list[int], eta: int, mode: str) -> list[str]:
-    """Prune the trials waiting at a closed rung outside its top; returns what was decided, for the log."""
+    """Prune the trials waiting at a closed rung outside its top (not one already promoted past it: see the module
+    docstring); returns what was decided, for the log."""
     said = []
     for k, epochs in enumerate(rungs[:-1]):
         if not rung_closed(trials, rungs, k):
@@ -78,7 +86,7 @@ def settle(trials: list[TrialState], rungs: list[int], eta: int, mode: str) -> l
         order = ranked(trials, epochs, mode)
         keep = {t.index for t in order[:keep_count(len(order), eta, True)]}
         for t in order:
-            if t.index not in keep and t.status == "paused" and t.reached == epochs:
+            if t.index not in keep and t.status == "paused" and t.reached == epochs and not promoted(t):
                 t.status, t.note = "pruned", f"pruned at epoch {epochs}: not in the top {len(keep)} of {len(order)}"
                 said.append(f"{t.run_name}: {t.note}")
     return said
@@ -87,7 +95,7 @@ def settle(trials: list[TrialState], rungs: list[int], eta: int, mode: str) -> l
 def next_job(trials: list[TrialState], rungs: list[int], eta: int, mode: str) -> tuple[int, int] | None:
     """(trial index, milestone) to launch next, or None when nothing can start now."""
     for t in trials:  # a job a killed search left unfinished goes first: it resumes from its checkpoint
-        if t.status == "paused" and t.target is not None and t.target > t.reached:
+        if t.status == "paused" and promoted(t):
             return t.index, t.target
     for k in reversed(range(len(rungs) - 1)):  # promotions, the highest rung first
         epochs = rungs[k]

@@ -18,7 +18,7 @@ from thrifty.launchers.skypilot.candidates import KUBERNETES, candidates, kubern
 from thrifty.launchers.skypilot.task import build_task, ranked_candidates, task_config
 from thrifty.money.pricing import PricingError
 from thrifty.money.prices import LivePrices, PriceKey, quote_accelerator
-from thrifty.money.prices.repricing import change_from
+from thrifty.money.prices.repricing import change_from, seen_unix
 from thrifty.money.prices.skypilot import sky_calls
 from thrifty.money.ledger import Attempt
 from thrifty.protocol import SKYPILOT_JOB_PREFIX, STOP_KEY, STOPPED_KEY
@@ -42,7 +42,8 @@ class SkyPilotLauncher:
         self.cfg, self.sleep, self.clock = cfg, sleep, clock
         self._attempts: dict[str, list[Attempt]] = {}
         self._nodes: dict[str, int] = {}
-        self._priced_at: dict[tuple[str, int], float] = {}  # (job, attempt) -> when its price was last read
+        # (job, attempt) -> when its price was last read, and when that price was last seen in force at its source
+        self._priced_at: dict[tuple[str, int], tuple[float, float]] = {}
         self._live: LivePrices | None = None
 
     # ------------------------------------------------------------ submit
@@ -116,23 +117,26 @@ class SkyPilotLauncher:
         return self._live
 
     def _quote(self, cloud: str, instance: str | None, accelerator: str | None, spot: bool,
-               region: str | None = None, zone: str | None = None) -> tuple[float, str]:
-        """$/hour of one node where the job runs, and where that price came from: the instance's freshest price in
-        its region and zone (the clouds' sources, SkyPilot's catalog, the dated table), else its accelerator's."""
+               region: str | None = None, zone: str | None = None) -> tuple[float, str, float]:
+        """$/hour of one node where the job runs, where that price came from, and when it was last seen in force
+        (:func:`seen_unix`): the instance's freshest price in its region and zone (the clouds' sources, SkyPilot's
+        catalog, the dated table), else its accelerator's."""
+        now = self.clock()
         if cloud == KUBERNETES and accelerator and self.cfg is not None:  # the user's cluster: the user's rate
             q = kubernetes_quote(self.cfg, accelerator)
-            return q.usd_per_hour, q.source
+            return q.usd_per_hour, q.source, now
         live = self._prices()
         if instance:
             try:
                 point = live.lookup(PriceKey(cloud, instance, spot, region, zone, accelerator or ""))
-                return point.usd_per_hour, point.describe(self.clock())
+                return point.usd_per_hour, point.describe(now), seen_unix(point, now)
             except PricingError:
                 pass
         if accelerator:
             try:
                 q = quote_accelerator(cloud, accelerator, spot, live=live, region=region)
-                return q.usd_per_hour, f"{q.source} (its {accelerator}'s cheapest instance: {instance} is priced nowhere)"
+                return (q.usd_per_hour, f"{q.source} (its {accelerator}'s cheapest instance: {instance} is priced nowhere)",
+                        min(q.fetched_unix, now) if q.fetched_unix > 0 else now)
             except PricingError:
                 pass
         # Never $0: charge the dearest candidate this run allows on that cloud, or fail loudly.
@@ -141,7 +145,7 @@ class SkyPilotLauncher:
             if cands:
                 log.warning("no price for %s %s (%s); metering at the dearest candidate, $%.3f/h", cloud, instance,
                             accelerator, max(cands))
-                return max(cands), f"the dearest candidate on {cloud}: no price for {instance}"
+                return max(cands), f"the dearest candidate on {cloud}: no price for {instance}", now
         raise LaunchError(f"no price for {cloud} {instance} ({accelerator}); add it to thrifty/money/pricing.py")
 
     def _price(self, cloud: str, instance: str | None, accelerator: str | None, spot: bool,
@@ -151,22 +155,27 @@ class SkyPilotLauncher:
 
     def _reprice(self, job_id: str, rec: Any, attempts: list[Attempt]) -> None:
         """The open attempt's price read again once it is older than budget.spot_price_max_age_s: a new price is a
-        new segment from now, so the watch loop's cap meters each interval at the price in force."""
+        new segment (a fall from now, a rise from when the old price was last seen in force: see
+        :mod:`thrifty.money.prices.repricing`), so the watch loop's cap meters each interval at the price in force."""
         if not attempts or attempts[-1].ended_unix is not None:
             return
         a, now = attempts[-1], self.clock()
         key = (job_id, a.number)
-        if key not in self._priced_at:
-            self._priced_at[key] = now  # priced as it opened
-            return
-        previous = self._priced_at[key]
-        if now - previous < self._prices().max_age_s(a.spot):
-            return
-        self._priced_at[key] = now
         accs = _value(rec, "accelerators") or {}
         accelerator = next((f"{n}:{int(k)}" for n, k in dict(accs).items()), None)
-        usd, source = self._quote(a.cloud, a.instance, accelerator, a.spot, a.region or None, _value(rec, "zone") or None)
-        if a.repriced(usd, source, change_from(a.usd_per_hour, usd, previous, now)):
+
+        def quote() -> tuple[float, str, float]:
+            return self._quote(a.cloud, a.instance, accelerator, a.spot, a.region or None, _value(rec, "zone") or None)
+
+        if key not in self._priced_at:  # priced as it opened, in this poll: the store's cache says when it was seen
+            self._priced_at[key] = (now, quote()[2])
+            return
+        read_at, seen_at = self._priced_at[key]
+        if now - read_at < self._prices().max_age_s(a.spot):
+            return
+        usd, source, seen = quote()
+        self._priced_at[key] = (now, seen)
+        if a.repriced(usd, source, change_from(a.usd_per_hour, usd, seen_at, now)):
             log.warning("job %s attempt %d: its price moved to $%.4f/h (%s)", job_id, a.number, usd, source)
 
     def status(self, job_id: str) -> JobStatus:

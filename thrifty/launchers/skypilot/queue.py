@@ -68,8 +68,9 @@ def skypilot_task_id(rec: Any) -> str | None:
         return None
 
 
-# (cloud, instance, accelerator, spot, region, zone) -> $/hour of one node, or ($/hour, where it came from)
-PriceFn = Callable[..., "float | tuple[float, str]"]
+# (cloud, instance, accelerator, spot, region, zone) -> $/hour of one node, or ($/hour, where it came from[, when
+# that price was last seen in force])
+PriceFn = Callable[..., "float | tuple[float, str] | tuple[float, str, float]"]
 
 
 def _time(rec: Any, key: str) -> float | None:
@@ -115,7 +116,7 @@ def update_attempts(attempts: list[Attempt], rec: Any, job_id: str, nodes: int, 
             number = out[-1].number + 1 if out else int(_value(rec, "recovery_count") or 0) + 1
             spot_flag = bool(spot) if spot is not None else True
             priced = price(cloud, instance, accelerator, spot_flag, region or None, _value(rec, "zone") or None)
-            usd, source = priced if isinstance(priced, tuple) else (priced, "")
+            usd, source = priced[:2] if isinstance(priced, tuple) else (priced, "")
             out.append(Attempt(job_id, number, cloud, region, instance, spot_flag, usd, nodes, started,
                                task_id=skypilot_task_id(rec), price_source=source))
             current = out[-1]

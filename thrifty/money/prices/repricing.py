@@ -1,8 +1,10 @@
 """One instance's price, read again whenever it is older than its max age: what a node's meter and a watcher's open
 attempt use, so a price that moves mid-run is metered at the price in force.
 
-A price read now may have changed at any moment since the last read. A rise counts from the last read and a fall
-from now (:func:`change_from`): the metered spend errs towards counting more, never less than the bill.
+A price read now may have changed at any moment since the old price was last seen at its source. A rise counts from
+then and a fall from now (:func:`change_from`): the metered spend errs towards counting more, never less than the bill.
+"Seen at its source" is the moment the source was asked (:attr:`PricePoint.fetched_unix`), not the moment this process
+read it: a read may be answered from the store's price cache, filled a little earlier by another reader.
 """
 
 from __future__ import annotations
@@ -16,9 +18,15 @@ from thrifty.money.prices.live import LivePrices
 log = logging.getLogger("thrifty.money.prices")
 
 
-def change_from(old_usd: float, new_usd: float, previous_read_unix: float, now: float) -> float:
-    """When a price change seen now is metered from: the last read for a rise, now for a fall."""
-    return previous_read_unix if new_usd > old_usd and previous_read_unix > float("-inf") else now
+def change_from(old_usd: float, new_usd: float, old_seen_unix: float, now: float) -> float:
+    """When a price change seen now is metered from: when the old price was last seen for a rise, now for a fall."""
+    return min(old_seen_unix, now) if new_usd > old_usd and old_seen_unix > float("-inf") else now
+
+
+def seen_unix(point: PricePoint, read_unix: float) -> float:
+    """When ``point``'s price was last known to be in force: when its source was asked (a cached live price may be
+    older than this read), else when it was read (a table's or a catalog's price holds until a read says otherwise)."""
+    return min(point.fetched_unix, read_unix) if point.live and point.fetched_unix > 0 else read_unix
 
 
 class Repricer:
@@ -30,7 +38,7 @@ class Repricer:
         self.clock = clock or live.clock
         self.point: PricePoint | None = None
         self.read_unix = float("-inf")  # the latest read
-        self.previous_read_unix = float("-inf")  # the one before it: a rise seen now may date from then
+        self.previous_seen_unix = float("-inf")  # when the price before this read was last seen: a rise dates from it
 
     def due(self, now: float | None = None) -> bool:
         now = self.clock() if now is None else now
@@ -38,7 +46,10 @@ class Repricer:
 
     def read(self) -> PricePoint | None:
         """Read the price again (never raises: a failure keeps the last price known)."""
-        self.previous_read_unix, self.read_unix = self.read_unix, self.clock()
+        held = self.point if self.point is not None else self.fallback
+        if self.read_unix > float("-inf"):
+            self.previous_seen_unix = seen_unix(held, self.read_unix) if held is not None else self.read_unix
+        self.read_unix = self.clock()
         try:
             self.point = self.live.lookup(self.key, self.point if self.point is not None else self.fallback)
         except Exception as exc:  # noqa: BLE001 - a price source must never stop training or a watch
