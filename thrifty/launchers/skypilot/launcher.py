@@ -18,7 +18,7 @@ from thrifty.launchers.skypilot.candidates import KUBERNETES, candidates, kubern
 from thrifty.launchers.skypilot.task import build_task, ranked_candidates, task_config
 from thrifty.money.pricing import PricingError
 from thrifty.money.prices import LivePrices, PriceKey, quote_accelerator
-from thrifty.money.prices.repricing import change_from, seen_unix
+from thrifty.money.prices.repricing import change_from, point_seen_unix, seen_unix
 from thrifty.money.prices.skypilot import sky_calls
 from thrifty.money.ledger import Attempt
 from thrifty.protocol import SKYPILOT_JOB_PREFIX, STOP_KEY, STOPPED_KEY
@@ -129,14 +129,14 @@ class SkyPilotLauncher:
         if instance:
             try:
                 point = live.lookup(PriceKey(cloud, instance, spot, region, zone, accelerator or ""))
-                return point.usd_per_hour, point.describe(now), seen_unix(point, now)
+                return point.usd_per_hour, point.describe(now), point_seen_unix(point, now)
             except PricingError:
                 pass
         if accelerator:
             try:
                 q = quote_accelerator(cloud, accelerator, spot, live=live, region=region)
                 return (q.usd_per_hour, f"{q.source} (its {accelerator}'s cheapest instance: {instance} is priced nowhere)",
-                        min(q.fetched_unix, now) if q.fetched_unix > 0 else now)
+                        seen_unix(q.fetched_unix, now))
             except PricingError:
                 pass
         # Never $0: charge the dearest candidate this run allows on that cloud, or fail loudly.

@@ -23,10 +23,15 @@ def change_from(old_usd: float, new_usd: float, old_seen_unix: float, now: float
     return min(old_seen_unix, now) if new_usd > old_usd and old_seen_unix > float("-inf") else now
 
 
-def seen_unix(point: PricePoint, read_unix: float) -> float:
-    """When ``point``'s price was last known to be in force: when its source was asked (a cached live price may be
-    older than this read), else when it was read (a table's or a catalog's price holds until a read says otherwise)."""
-    return min(point.fetched_unix, read_unix) if point.live and point.fetched_unix > 0 else read_unix
+def seen_unix(fetched_unix: float, read_unix: float) -> float:
+    """When a price read at ``read_unix`` was last known to be in force: when its source was asked (``fetched_unix``:
+    a cached live price may be older than the read), else (0: a table's or a catalog's price, which holds until a read
+    says otherwise) when it was read."""
+    return min(fetched_unix, read_unix) if fetched_unix > 0 else read_unix
+
+
+def point_seen_unix(point: PricePoint, read_unix: float) -> float:
+    return seen_unix(point.fetched_unix if point.live else 0.0, read_unix)
 
 
 class Repricer:
@@ -48,7 +53,7 @@ class Repricer:
         """Read the price again (never raises: a failure keeps the last price known)."""
         held = self.point if self.point is not None else self.fallback
         if self.read_unix > float("-inf"):
-            self.previous_seen_unix = seen_unix(held, self.read_unix) if held is not None else self.read_unix
+            self.previous_seen_unix = point_seen_unix(held, self.read_unix) if held is not None else self.read_unix
         self.read_unix = self.clock()
         try:
             self.point = self.live.lookup(self.key, self.point if self.point is not None else self.fallback)
