@@ -56,7 +56,7 @@ class Repricer:
             self.previous_seen_unix = point_seen_unix(held, self.read_unix) if held is not None else self.read_unix
         self.read_unix = self.clock()
         try:
-            self.point = self.live.lookup(self.key, self.point if self.point is not None else self.fallback)
+            self.point = self.live.lookup(self.key, held)
         except Exception as exc:  # noqa: BLE001 - a price source must never stop training or a watch
             log.warning("could not read the price of %s %s (%s); keeping $%s/h", self.key.cloud, self.key.instance, exc,
                         f"{self.point.usd_per_hour:.4f}" if self.point else "?")
