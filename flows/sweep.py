@@ -116,10 +116,11 @@ class Search:
         high = est.high_usd / est.usd if est.usd > 0 and math.isfinite(est.high_usd) else 3.0
         first, _ = smallest_budget_usd(est, reserve_s, cfg.train.checkpoint_every)
         first_high = (first - reserve_usd) * high + reserve_usd  # to its first checkpoint, at the range's high end
-        # each time its own cap stopped this milestone's job, the headroom doubles: the estimate was short
+        # each time its own cap stopped this milestone's job, the headroom doubles, and the next job is given at
+        # least twice what those jobs spent: the estimate was short
         need = need_for(est.usd, est.hours, reserve_usd, gpus_per_node(cfg) * cfg.compute.num_nodes,
                         self.config.reserve_factor * 2 ** t.cap_stops, target - t.reached, usd_epoch, hours_epoch,
-                        first_high)
+                        first_high, stopped_usd=t.spent_usd - t.milestone_usd if t.cap_stops else 0.0)
         return cfg, need, smoke_result
 
     def stop_at_deadline(self, in_flight: list[TrialState]) -> None:
@@ -177,6 +178,8 @@ def search(config: SweepConfig, poll_s: float) -> SweepResult:
                          f"{money(t.cap_usd)} stays reserved until the trial's relaunch re-attaches to it", warn=True)
         for t in state.trials:
             observe(store, config, t)
+            if t.target is not None and t.reached >= t.target:  # a killed search's job reached its milestone
+                t.target, t.cap_stops = None, 0
         logger.info("sweep %s: %d trial(s), rungs %s epochs, eta %d, up to %d at once; caps $%g%s%s%s", config.name,
                     config.max_trials, s.rungs, config.eta, config.concurrency, config.max_usd,
                     f", {config.max_gpu_hours:g} GPU-h" if config.max_gpu_hours else "",

@@ -41,21 +41,30 @@ def committed_gpu_hours(trials: list[TrialState]) -> float:
 
 def need_for(estimate_usd: float, estimate_hours: float, reserve_usd: float, gpus: int, factor: float,
              epochs: int, measured_usd_per_epoch: float = 0.0, measured_hours_per_epoch: float = 0.0,
-             first_checkpoint_usd: float = 0.0) -> Need:
+             first_checkpoint_usd: float = 0.0, stopped_usd: float = 0.0) -> Need:
     """A job's allowance: ``factor`` x the larger of the estimate (the budget gate's, to the milestone) and what
     the search's trials of its model shape measured per epoch, plus the stop reserve the run's cap holds back; never
     less than what reaching its first checkpoint may cost (``first_checkpoint_usd``, at the estimate's high end): a
-    cap that stopped it before would buy nothing kept."""
+    cap that stopped it before would buy nothing kept; and never less than twice what the jobs its own cap stopped
+    on this milestone spent (``stopped_usd``) plus the reserve: the work they left undone cost at least that (a
+    start-up a loaded machine or a slow node stretched, paid again by a relaunch with no checkpoint). Raised, the
+    hours grow in proportion."""
     usd = max(estimate_usd, measured_usd_per_epoch * epochs)
     hours = max(estimate_hours, measured_hours_per_epoch * epochs)
     source = "measured by earlier trials of its shape" if measured_usd_per_epoch * epochs > estimate_usd else "estimated"
     why = (f"{money(usd)} {source} for {epochs} epoch(s) x {factor:g} headroom + {money(reserve_usd)} held back "
            "to stop in")
-    allowance = factor * usd + reserve_usd
-    if first_checkpoint_usd > allowance:
-        allowance = first_checkpoint_usd
-        why += f", raised to {money(first_checkpoint_usd)}: what its first checkpoint may cost at the estimate's high end"
-    return Need(usd=allowance, gpu_hours=factor * hours * gpus, hours=factor * hours, why=why)
+    base = factor * usd + reserve_usd
+    allowance, raised = base, ""
+    for floor, reason in ((first_checkpoint_usd, "what its first checkpoint may cost at the estimate's high end"),
+                          (2.0 * stopped_usd + reserve_usd, f"twice the {money(stopped_usd)} its jobs stopped at "
+                           "their cap spent on this milestone, + the reserve")):
+        if floor > allowance:
+            allowance, raised = floor, reason
+    if raised:
+        why += f", raised to {money(allowance)}: {raised}"
+    scale = (allowance - reserve_usd) / (factor * usd) if allowance > base and factor * usd > 0 else 1.0
+    return Need(usd=allowance, gpu_hours=factor * hours * gpus * scale, hours=factor * hours * scale, why=why)
 
 
 def refusal(need: Need, trials: list[TrialState], max_usd: float, max_gpu_hours: float | None,

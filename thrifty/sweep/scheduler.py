@@ -35,6 +35,7 @@ class TrialState(BaseModel):
     epoch_usd: float = 0.0  # what one more epoch costs at its jobs' measured step time (no start-up)
     epoch_hours: float = 0.0  # and how long it takes
     cap_stops: int = 0  # jobs of this milestone its own cap stopped (the estimate was short): retried, then failed
+    milestone_usd: float = 0.0  # its spend when it reached its last milestone: what it spent since is this one's
     cap_usd: float | None = None  # the running job's budget.max_usd: what the trial may have spent when it ends
     cap_gpu_hours: float | None = None
     launches: int = 0

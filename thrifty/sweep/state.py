@@ -109,8 +109,8 @@ def observe(store: Store, cfg: SweepConfig, trial: TrialState, now: float | None
     if attempts:
         trial.epoch_hours = epoch_hours(records, run_cfg)
         trial.epoch_usd = trial.epoch_hours * attempts[-1].usd_per_hour * attempts[-1].nodes
-    if trial.metrics:
-        trial.reached = max(trial.reached, max(trial.metrics))
+    if trial.metrics and max(trial.metrics) > trial.reached:
+        trial.reached, trial.milestone_usd = max(trial.metrics), trial.spent_usd
     summary = finished_summary(store, trial.run_name, run_cfg.training_fingerprint())
     if summary is None:
         return
