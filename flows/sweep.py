@@ -178,8 +178,6 @@ def search(config: SweepConfig, poll_s: float) -> SweepResult:
                          f"{money(t.cap_usd)} stays reserved until the trial's relaunch re-attaches to it", warn=True)
         for t in state.trials:
             observe(store, config, t)
-            if t.target is not None and t.reached >= t.target:  # a killed search's job reached its milestone
-                t.target, t.cap_stops = None, 0
         logger.info("sweep %s: %d trial(s), rungs %s epochs, eta %d, up to %d at once; caps $%g%s%s%s", config.name,
                     config.max_trials, s.rungs, config.eta, config.concurrency, config.max_usd,
                     f", {config.max_gpu_hours:g} GPU-h" if config.max_gpu_hours else "",
@@ -271,8 +269,7 @@ def settled(s: Search, t: TrialState, target: int, future: Future) -> None:
     if t.status == "finished":
         s.decide(f"{t.run_name}: finished, {s.config.rank_metric}={metric(t.ranking_value())} ({t.note}); "
                  f"{money(t.spent_usd)} in all")
-    elif t.reached >= target:
-        t.target, t.cap_stops = None, 0
+    elif t.reached >= target:  # (observe cleared its target and cap stops)
         t.note = f"epoch {target}: {s.config.rank_metric}={metric(t.score(target))}"
         s.decide(f"{t.run_name}: reached {t.note}; {money(t.spent_usd)} in all")
     elif s.deadline_hit:  # stopped at the search's deadline: paused with its checkpoint, never launched again

@@ -111,6 +111,8 @@ def observe(store: Store, cfg: SweepConfig, trial: TrialState, now: float | None
         trial.epoch_usd = trial.epoch_hours * attempts[-1].usd_per_hour * attempts[-1].nodes
     if trial.metrics and max(trial.metrics) > trial.reached:
         trial.reached, trial.milestone_usd = max(trial.metrics), trial.spent_usd
+    if trial.status != "running" and trial.target is not None and trial.reached >= trial.target:
+        trial.target, trial.cap_stops = None, 0  # its job ended at its milestone (or a killed search's did): afresh
     summary = finished_summary(store, trial.run_name, run_cfg.training_fingerprint())
     if summary is None:
         return
