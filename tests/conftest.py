@@ -108,9 +108,10 @@ from prefect_server import SHARED, deployed_ui_server  # noqa: E402,F401
 # this order (--no-loadscope-reorder: xdist's default order is the most tests first, which handed the one-test
 # PostgreSQL file out last and left one worker alone with it for minutes at the end of the suite)
 LONGEST_FIRST = ("test_postgres_scale.py", "test_ui_browser.py", "test_deployments_e2e.py", "test_cap_hang.py",
-                 "test_deadline_flow.py", "test_sweep.py", "test_money.py", "test_chaos.py", "test_lightning_exact.py",
-                 "test_live_prices.py", "test_levers_compile.py", "test_budget.py", "test_work_pools.py",
-                 "test_ends.py")
+                 "test_deadline_flow.py", "test_money.py", "test_sweep.py", "test_lightning_exact.py",
+                 "test_levers_compile.py", "test_script_mode.py", "test_multinode.py", "test_mlflow.py", "test_ends.py",
+                 "test_chaos.py", "test_budget.py", "test_live_prices.py", "test_lightning_callback.py",
+                 "test_failures.py", "test_work_pools.py", "test_storage.py", "test_archive.py", "test_store_faults.py")
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:

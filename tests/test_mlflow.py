@@ -58,7 +58,9 @@ def mlflow_uri(tmp_path_factory) -> str:
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
          "--default-artifact-root", str(home / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
          "--workers", "1"],
-        cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        # its job runner (seven huey processes for GenAI jobs, ~28 CPU-s over the module) serves nothing we log
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + SERVER_START_S
