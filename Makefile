@@ -20,8 +20,8 @@ demo: $(STAMP)
 
 # three workers, a test file each at a time (a module's servers stay its own), the longest files handed out first
 # (tests/conftest.py orders them; --no-loadscope-reorder keeps that order); --durations: every run (CI's too) lists
-# its slowest tests. On 2 cores three workers keep both busy (measured idle, 2026-11-29: 182 % on average over its
-# 12:47, 1,157 CPU-s, most of it the start-ups of the processes its user paths run); a fourth made it slower.
+# its slowest tests. Three workers keep 2 cores busy (188 % of 200 % on average, idle here: bench/bench_suite.py);
+# a fourth made it slower.
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=20
 

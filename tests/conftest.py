@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -11,6 +13,8 @@ from typing import Any
 import pytest
 
 _SESSION_HOME = Path(tempfile.mkdtemp(prefix="thrifty-test-home-"))
+_OWNER = os.getpid()  # a forked child (a DataLoader worker) inherits the handler below: only this process removes it
+atexit.register(lambda: os.getpid() == _OWNER and shutil.rmtree(_SESSION_HOME, ignore_errors=True))  # last at exit
 os.environ.update(
     {
         "HOME": str(_SESSION_HOME),  # `import sky` writes ~/.sky; nothing may touch the real home
