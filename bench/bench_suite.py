@@ -24,7 +24,6 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MAKE_TEST = ["-n", "3", "--dist", "loadfile", "--no-loadscope-reorder", "--durations=20"]  # the Makefile's `test`
 TICK_S = 0.25
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -53,6 +52,14 @@ KINDS = [
     ("object-store stand-ins", "azurite"),
     ("other Python (scripts the tests run)", "python"),
 ]
+
+
+def make_test_args() -> list[str]:
+    """pytest's arguments in the Makefile's `test` target, so this runs what `make test` runs."""
+    for line in (REPO / "Makefile").read_text().splitlines():
+        if line.startswith("\t$(BIN)/python -m pytest"):
+            return line.split("-m pytest", 1)[1].split()
+    raise SystemExit("no `$(BIN)/python -m pytest` line in the Makefile's test target")
 
 
 def kind_of(cmdline: str) -> str:
@@ -86,7 +93,7 @@ class Sampler(threading.Thread):
                 continue
             key = (int(entry.name), fields[19])
             proc = self.procs.get(key)
-            if proc is None:
+            if proc is None or proc["reads"] < 4:  # read again in its first second: a fork shows its parent's until exec
                 try:
                     with open(f"/proc/{entry.name}/cmdline", "rb") as f:
                         cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -94,8 +101,13 @@ class Sampler(threading.Thread):
                         env = f.read().split(b"\0")
                 except OSError:
                     continue
+                if proc is not None and not cmdline:  # a zombie's is empty: keep what it ran
+                    cmdline, env = proc["cmdline"], []
                 test = next((e[20:].decode(errors="replace") for e in env if e.startswith(b"PYTEST_CURRENT_TEST=")), "")
-                proc = self.procs[key] = {"cmdline": cmdline, "test": test.split("::")[0], "cpu": 0.0}
+                test = test.split("::")[0] or (proc["test"] if proc else "")
+                proc = self.procs[key] = {"cmdline": cmdline, "test": test, "cpu": 0.0,
+                                          "reads": proc["reads"] if proc else 0}
+            proc["reads"] += 1
             proc["cpu"] = (int(fields[11]) + int(fields[12])) / CLK  # utime + stime
 
 
@@ -111,7 +123,7 @@ def main() -> int:
     before = set(int(p.name) for p in os.scandir("/proc") if p.name.isdigit())
     sampler.start()
     t0 = time.time()
-    rc = subprocess.call([sys.executable, "-m", "pytest", *(args.pytest_args or MAKE_TEST)], cwd=REPO)
+    rc = subprocess.call([sys.executable, "-m", "pytest", *(args.pytest_args or make_test_args())], cwd=REPO)
     wall = time.time() - t0
     sampler.stop.set()
     sampler.join()
