@@ -24,6 +24,9 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from thrifty.procs import stat_fields  # noqa: E402
 TICK_S = 0.25
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -86,11 +89,9 @@ class Sampler(threading.Thread):
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
+            fields = stat_fields(int(entry.name))
+            if len(fields) <= 19:
+                continue  # gone
             key = (int(entry.name), fields[19])
             proc = self.procs.get(key)
             if proc is None or proc["reads"] < 4:  # read again in its first second: a fork shows its parent's until exec

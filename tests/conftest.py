@@ -13,8 +13,15 @@ from typing import Any
 import pytest
 
 _SESSION_HOME = Path(tempfile.mkdtemp(prefix="thrifty-test-home-"))
-_OWNER = os.getpid()  # a forked child (a DataLoader worker) inherits the handler below: only this process removes it
-atexit.register(lambda: os.getpid() == _OWNER and shutil.rmtree(_SESSION_HOME, ignore_errors=True))  # last at exit
+_OWNER = os.getpid()
+
+
+@atexit.register  # registered before Prefect's and the fixtures' handlers, it runs after them
+def _remove_session_home() -> None:
+    if os.getpid() == _OWNER:  # not in a forked child (a DataLoader worker), which inherits this handler
+        shutil.rmtree(_SESSION_HOME, ignore_errors=True)
+
+
 os.environ.update(
     {
         "HOME": str(_SESSION_HOME),  # `import sky` writes ~/.sky; nothing may touch the real home

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 
-def _stat_fields(pid: int) -> list[str]:
+def stat_fields(pid: int) -> list[str]:
     """/proc/<pid>/stat's fields after the command name (state first), [] where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -20,7 +20,7 @@ def _stat_fields(pid: int) -> list[str]:
 
 def process_started(pid: int) -> str:
     """The kernel's start time of ``pid`` (ticks since boot), "" where it cannot be read."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return fields[19] if len(fields) > 19 else ""
 
 
@@ -47,7 +47,7 @@ def process_alive(pid: int, started: str = "") -> bool:
         return False
     except PermissionError:
         return True  # someone else's process: alive
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if fields and fields[0] in ("Z", "X"):  # killed and never reaped (an orphan under an init that does not reap)
         return False
     return not started or (fields[19] if len(fields) > 19 else "") in ("", started)
